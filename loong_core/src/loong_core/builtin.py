@@ -1,0 +1,37 @@
+"""loong_core's own plugin: it registers the built-in components through the public hooks."""
+
+from __future__ import annotations
+
+from loong_core.hookspecs import hookimpl
+
+
+@hookimpl
+def loong_register_devices(register):
+    register("cpu", "loong_core.devices.cpu:CPUBackend", priority=0,
+             description="CPU with gloo; makes megatron-core run without CUDA")
+    register("cuda", "loong_core.devices.cuda:CUDABackend", priority=100,
+             description="NVIDIA GPUs with NCCL")
+
+
+@hookimpl
+def loong_register_engines(register):
+    register("megatron", "loong_core.engines.megatron.engine:MegatronEngine",
+             description="megatron-core: TP/PP/VPP/SP/EP, its DDP and distributed optimizer")
+
+
+@hookimpl
+def loong_register_balancers(register):
+    register("none", "loong_core.data.balancers:contiguous",
+             description="contiguous equal-count split of each global batch")
+
+
+@hookimpl
+def loong_register_cli_commands(register):
+    register("train", "loong_core.cli.train_cmd:add_parser", description="train a model")
+    register("plugins", "loong_core.cli.plugins_cmd:add_parser", description="list plugins")
+    register("config", "loong_core.cli.config_cmd:add_parser", description="show configs")
+
+
+@hookimpl
+def loong_config_search_path():
+    return "pkg://loong_core.conf"

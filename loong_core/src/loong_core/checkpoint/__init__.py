@@ -1,0 +1,1 @@
+"""Atomic checkpoint directories shared by all engines."""

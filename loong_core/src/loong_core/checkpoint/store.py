@@ -1,0 +1,132 @@
+"""Checkpoint directories that become visible only when complete.
+
+Layout under ``<run_dir>/checkpoints``::
+
+    iter_0000010/             a complete checkpoint (renamed into place as the last step)
+        loong_complete.json   iteration, world size, layout; written before the rename
+        rng/rank_00000.pt     per-rank RNG state
+        ...                   the engine's files (dist_checkpointing / DCP)
+    iter_0000020.partial/     a save in progress or interrupted: never loaded, removed on retry
+
+Saving is collective: every rank writes its shards into ``iter_N.partial``; after a barrier rank 0
+writes the completion record and renames the folder. A crash at any point leaves either the old
+checkpoints untouched or a ``.partial`` folder that :func:`find_latest` ignores.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+from pathlib import Path
+
+import torch
+
+from loong_core.errors import CheckpointError
+
+logger = logging.getLogger(__name__)
+
+COMPLETE_FILE = "loong_complete.json"
+_NAME = re.compile(r"^iter_(\d{7})$")
+
+
+def checkpoint_name(iteration: int) -> str:
+    """Directory name of the checkpoint taken after ``iteration`` steps."""
+    return f"iter_{iteration:07d}"
+
+
+def is_complete(path: Path) -> bool:
+    """Whether ``path`` is a finished checkpoint directory."""
+    return bool(_NAME.match(path.name)) and (path / COMPLETE_FILE).is_file()
+
+
+def list_checkpoints(checkpoint_root: Path) -> list[Path]:
+    """Complete checkpoints under ``checkpoint_root``, oldest first."""
+    if not checkpoint_root.is_dir():
+        return []
+    found = [p for p in checkpoint_root.iterdir() if p.is_dir() and is_complete(p)]
+    return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)))
+
+
+def find_latest(checkpoint_root: Path) -> Path | None:
+    """The newest complete checkpoint, or None."""
+    found = list_checkpoints(checkpoint_root)
+    return found[-1] if found else None
+
+
+def read_record(path: Path) -> dict:
+    """The completion record of a checkpoint; raises :class:`CheckpointError` if absent/corrupt."""
+    try:
+        return json.loads((path / COMPLETE_FILE).read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(
+            f"{path} is not a complete loong checkpoint ({COMPLETE_FILE} missing or unreadable: "
+            f"{exc}). Point trainer.resume at a directory named iter_NNNNNNN that contains it."
+        ) from None
+
+
+def _barrier() -> None:
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+
+
+def save_collective(checkpoint_root: Path, iteration: int, write_shards, record: dict,
+                    rng_state: dict) -> Path:
+    """Write a checkpoint atomically on all ranks.
+
+    Args:
+        checkpoint_root: ``<run_dir>/checkpoints``.
+        iteration: Completed optimizer steps.
+        write_shards: ``callable(directory: str)`` that writes the engine's state (collective).
+        record: JSON-ready metadata stored in the completion record.
+        rng_state: This rank's RNG state.
+
+    Returns:
+        The final checkpoint directory.
+    """
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    final = checkpoint_root / checkpoint_name(iteration)
+    partial = checkpoint_root / (final.name + ".partial")
+    if rank == 0:
+        checkpoint_root.mkdir(parents=True, exist_ok=True)
+        if partial.exists():
+            shutil.rmtree(partial)
+        if final.exists():
+            shutil.rmtree(final)
+        partial.mkdir(parents=True)
+    _barrier()
+    write_shards(str(partial))
+    (partial / "rng").mkdir(exist_ok=True)
+    torch.save(rng_state, partial / "rng" / f"rank_{rank:05d}.pt")
+    _barrier()
+    if rank == 0:
+        complete = partial / COMPLETE_FILE
+        tmp = complete.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"iteration": iteration, **record}, indent=1))
+        os.replace(tmp, complete)
+        os.replace(partial, final)
+        fd = os.open(checkpoint_root, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    _barrier()
+    return final
+
+
+def load_rng(path: Path, rank: int) -> dict | None:
+    """RNG state saved by ``rank``, or None when the checkpoint has none for it."""
+    file = path / "rng" / f"rank_{rank:05d}.pt"
+    if not file.is_file():
+        return None
+    return torch.load(file, weights_only=False)
+
+
+def prune(checkpoint_root: Path, keep: int) -> None:
+    """Remove all but the newest ``keep`` complete checkpoints (rank 0 only; ``keep<=0``: none)."""
+    if keep <= 0:
+        return
+    for old in list_checkpoints(checkpoint_root)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)

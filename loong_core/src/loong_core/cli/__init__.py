@@ -1,0 +1,1 @@
+"""The ``loong`` command line. Subcommands are registered through the plugin hooks."""

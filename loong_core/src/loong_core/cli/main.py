@@ -1,0 +1,68 @@
+"""Entry point of the ``loong`` command: builds the parser from registered subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from loong_core import __version__
+from loong_core.errors import LoongError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Parser with one subcommand per registered ``cli_command`` (imported lazily)."""
+    from loong_core.plugins import get_plugin_system
+
+    parser = argparse.ArgumentParser(
+        prog="loong",
+        description="loong: one training framework for LLM, VLM, diffusion and embodied models.",
+    )
+    parser.add_argument("--version", action="version", version=f"loong {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    system = get_plugin_system()
+    for entry in system.registry().entries("cli_command"):
+        try:
+            add_parser = entry.load()
+        except LoongError as exc:
+            logging.getLogger(__name__).warning("%s", exc)
+            continue
+        add_parser(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; returns the process exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        parser = build_parser()
+        args, extra = parser.parse_known_args(argv)
+    except LoongError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    if not args.verbose:
+        for noisy in ("megatron", "megatron.core", "torch.distributed"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0
+    if extra and not getattr(args, "accepts_overrides", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        return int(args.func(args, extra) or 0)
+    except LoongError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""``loong train [overrides] [--nproc-per-node N ...]``."""
+
+from __future__ import annotations
+
+
+def add_parser(subparsers) -> None:
+    """Add the ``train`` subcommand."""
+    p = subparsers.add_parser(
+        "train",
+        help="train a model (Hydra overrides, e.g. experiment=llama_debug parallel=tp2)",
+        description="Compose the config from YAML and overrides, then train. One rank runs in "
+                    "this process; more ranks (or nodes) run through torchrun.",
+    )
+    p.add_argument("overrides", nargs="*", help="Hydra overrides: key=value, group=option")
+    p.add_argument("--nproc-per-node", type=int, default=1, help="ranks on this machine")
+    p.add_argument("--nnodes", default="1", help="machines, N or MIN:MAX (elastic)")
+    p.add_argument("--node-rank", type=int, default=0, help="this machine's rank")
+    p.add_argument("--rdzv-endpoint", default=None, help="host:port of the rendezvous")
+    p.add_argument("--rdzv-id", default="loong", help="job id shared by all nodes")
+    p.add_argument("--max-restarts", type=int, default=0, help="worker-group restarts (elastic)")
+    p.add_argument("--master-port", type=int, default=None, help="port for single-node runs")
+    p.set_defaults(func=run, accepts_overrides=True)
+
+
+def run(args, extra) -> int:
+    """Validate the config, then launch."""
+    from loong_core.config.compose import load_config
+    from loong_core.launch import LaunchOptions, launch
+    from loong_core.runtime import check_layout
+
+    overrides = list(args.overrides) + list(extra)
+    options = LaunchOptions(nproc_per_node=args.nproc_per_node, nnodes=args.nnodes,
+                            node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint,
+                            rdzv_id=args.rdzv_id, max_restarts=args.max_restarts,
+                            master_port=args.master_port)
+    cfg = load_config(overrides)  # fail before spawning anything
+    if options.nnodes in ("1", "1:1"):
+        check_layout(cfg, options.nproc_per_node)
+    launch(options, overrides)
+    return 0

@@ -1,0 +1,193 @@
+"""Typed configuration of a run. Parallel and training keys keep Megatron-LM's names and meaning.
+
+Every YAML is checked against these dataclasses (see :mod:`loong_core.config.validate`) before
+anything is built. ``model`` and ``data`` are validated against the config class that the
+registered component declares; those classes derive from :class:`ModelConfig` and
+:class:`DataConfig`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+
+def registered(kind: str, default=None, **kwargs):
+    """A field whose value must be a name registered in ``kind``."""
+    return field(default=default, metadata={"registry": kind}, **kwargs)
+
+
+@dataclass
+class ModelConfig:
+    """Base of every model component config.
+
+    Attributes:
+        name: Registered model name (``loong plugins`` lists them).
+    """
+
+    name: str = registered("model", default="")
+
+
+@dataclass
+class DataConfig:
+    """Base of every dataset config.
+
+    Attributes:
+        name: Registered dataset name.
+        seq_length: Tokens per sample (Megatron ``--seq-length``).
+        balancer: Registered data balancer spreading each global batch over DP ranks.
+        cache_dir: Where prepared data (tokenizers, indexed datasets) is cached; None picks
+            ``$LOONG_CACHE`` or ``~/.cache/loong``.
+    """
+
+    name: str = registered("dataset", default="")
+    seq_length: int = 256
+    balancer: str = registered("balancer", default="none")
+    cache_dir: Optional[str] = None
+
+
+@dataclass
+class ParallelConfig:
+    """Parallel layout (Megatron names).
+
+    Attributes:
+        engine: Registered engine (``megatron``).
+        tensor_model_parallel_size: TP size.
+        pipeline_model_parallel_size: PP size.
+        virtual_pipeline_model_parallel_size: Model chunks per pipeline rank (interleaved 1F1B).
+        sequence_parallel: Shard activations along the sequence in TP regions.
+        context_parallel_size: CP size.
+        expert_model_parallel_size: EP size.
+        use_distributed_optimizer: Shard optimizer state over DP (ZeRO-1).
+        overlap_grad_reduce: Overlap gradient reduce-scatter/all-reduce with backward.
+        overlap_param_gather: Overlap the distributed optimizer's parameter all-gather.
+        recompute_granularity: None, ``full`` or ``selective`` activation recompute.
+        recompute_method: ``uniform`` or ``block`` (full recompute only).
+        recompute_num_layers: Layers per recompute unit (full recompute only).
+        recompute_modules: Modules recomputed in selective mode (``core_attn``, ``layernorm``...).
+    """
+
+    engine: str = registered("engine", default="megatron")
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    virtual_pipeline_model_parallel_size: Optional[int] = None
+    sequence_parallel: bool = False
+    context_parallel_size: int = 1
+    expert_model_parallel_size: int = 1
+    use_distributed_optimizer: bool = False
+    overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
+    recompute_granularity: Optional[Literal["full", "selective"]] = None
+    recompute_method: Optional[Literal["uniform", "block"]] = None
+    recompute_num_layers: Optional[int] = None
+    recompute_modules: Optional[list[str]] = None
+
+
+@dataclass
+class OptimConfig:
+    """Optimizer and learning-rate schedule (Megatron names).
+
+    Attributes:
+        optimizer: ``adam`` (AdamW-style decoupled weight decay) or ``sgd``.
+        lr: Peak learning rate.
+        min_lr: Learning rate at the end of the decay.
+        weight_decay: Decoupled weight decay.
+        adam_beta1: Adam beta1.
+        adam_beta2: Adam beta2.
+        adam_eps: Adam epsilon.
+        sgd_momentum: SGD momentum.
+        clip_grad: Global gradient-norm clip (0 disables).
+        lr_warmup_iters: Linear warmup iterations.
+        lr_decay_style: ``cosine``, ``linear`` or ``constant``.
+        lr_decay_iters: Iterations of decay; None means ``trainer.train_iters``.
+    """
+
+    optimizer: Literal["adam", "sgd"] = "adam"
+    lr: float = 3.0e-4
+    min_lr: float = 0.0
+    weight_decay: float = 0.01
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.95
+    adam_eps: float = 1.0e-8
+    sgd_momentum: float = 0.9
+    clip_grad: float = 1.0
+    lr_warmup_iters: int = 0
+    lr_decay_style: Literal["cosine", "linear", "constant"] = "cosine"
+    lr_decay_iters: Optional[int] = None
+
+
+@dataclass
+class TrainerConfig:
+    """The training loop.
+
+    Attributes:
+        train_iters: Optimizer steps.
+        micro_batch_size: Samples per micro batch per DP rank.
+        global_batch_size: Samples per step over all DP ranks; must be a multiple of
+            ``micro_batch_size * data_parallel_size`` (the quotient is grad accumulation).
+        seed: Random seed.
+        log_interval: Steps between metric lines / JSONL records.
+        eval_interval: Steps between validation passes (0 disables).
+        eval_iters: Validation micro-batch rounds per pass.
+        save_interval: Steps between checkpoints (0: only at the end).
+        save_at_end: Save a checkpoint after the last step.
+        run_dir: Directory of this run (checkpoints, metrics); None: ``runs/<name>/<time>``.
+        resume: ``none``, ``auto`` (newest complete checkpoint of the run dir, or of the newest
+            run of this experiment when run_dir is unset) or a checkpoint directory.
+        progress_bar: Show a progress bar on local rank 0 when stderr is a terminal.
+        tensorboard: Write TensorBoard event files.
+        exit_on_nan: Stop with an error when the loss becomes NaN/inf.
+    """
+
+    train_iters: int = 100
+    micro_batch_size: int = 4
+    global_batch_size: int = 4
+    seed: int = 1234
+    log_interval: int = 10
+    eval_interval: int = 50
+    eval_iters: int = 4
+    save_interval: int = 0
+    save_at_end: bool = True
+    run_dir: Optional[str] = None
+    resume: str = "none"
+    progress_bar: bool = True
+    tensorboard: bool = True
+    exit_on_nan: bool = True
+
+
+@dataclass
+class DeviceConfig:
+    """Device backend.
+
+    Attributes:
+        name: Registered backend (``cpu``, ``cuda``, ...) or ``auto`` (``$LOONG_DEVICE``, else
+            the best available).
+        num_threads: CPU threads per rank for intra-op parallelism (None: torch's default
+            divided by local ranks).
+    """
+
+    name: str = "auto"
+    num_threads: Optional[int] = None
+
+
+@dataclass
+class LoongConfig:
+    """A whole run.
+
+    Attributes:
+        name: Experiment name (names the run directory).
+        model: Model component config; validated against the registered model's class.
+        data: Dataset config; validated against the registered dataset's class.
+        parallel: Parallel layout.
+        optim: Optimizer and schedule.
+        trainer: Training loop.
+        device: Device backend.
+    """
+
+    name: str = "run"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    device: DeviceConfig = field(default_factory=DeviceConfig)

@@ -1,0 +1,188 @@
+"""Check a composed config (plain dicts) against typed dataclasses, with errors a user can act on."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any, Literal, Union
+
+from loong_core.config.schema import DataConfig, LoongConfig, ModelConfig
+from loong_core.errors import ConfigError, PluginError
+from loong_core.plugins.registry import Registry, did_you_mean
+
+_NONE = type(None)
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is list:
+        (item,) = typing.get_args(tp) or (Any,)
+        return f"list[{_type_name(item)}]"
+    if tp is _NONE:
+        return "null"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, path: str) -> Any:
+    """Return ``value`` checked (and losslessly converted) against type ``tp``."""
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return value
+    if origin in (Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and _NONE in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is _NONE:
+                continue
+            try:
+                return _coerce(value, arg, path)
+            except ConfigError as exc:
+                errors.append(exc)
+        raise ConfigError(f"'{path}' = {value!r} is not a {_type_name(tp)}.")
+    if origin is Literal:
+        choices = list(typing.get_args(tp))
+        if value not in choices:
+            raise ConfigError(
+                f"'{path}' = {value!r} is not allowed.{did_you_mean(value, choices)} "
+                f"Choices: {', '.join(map(str, choices))}."
+            )
+        return value
+    if origin is list:
+        (item,) = typing.get_args(tp) or (Any,)
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"'{path}' = {value!r} must be a list of {_type_name(item)}.")
+        return [_coerce(v, item, f"{path}[{i}]") for i, v in enumerate(value)]
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"'{path}' = {value!r} must be a mapping.")
+        return dict(value)
+    if dataclasses.is_dataclass(tp):
+        return build_dataclass(tp, value, path)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    elif isinstance(value, tp):
+        return value
+    raise ConfigError(
+        f"'{path}' = {value!r} has type {type(value).__name__}; expected {_type_name(tp)}."
+    )
+
+
+def build_dataclass(cls: type, data: Any, path: str, registry: Registry | None = None) -> Any:
+    """Build ``cls`` from a mapping, rejecting unknown keys and wrong types.
+
+    Args:
+        cls: Target dataclass.
+        data: Mapping of field values (missing fields take their defaults).
+        path: Dotted config path of ``data`` (for messages).
+        registry: When given, fields marked ``registered(kind)`` must name a registered entry.
+
+    Raises:
+        ConfigError: naming the bad key, the valid choices and a did-you-mean.
+    """
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"'{path}' must be a mapping of {cls.__name__} fields, got {data!r}.")
+    def sub(key: str) -> str:
+        return f"{path}.{key}" if path else key
+
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in fields:
+            valid = sorted(fields)
+            raise ConfigError(
+                f"Unknown key '{sub(key)}' for {cls.__name__}.{did_you_mean(key, valid)} "
+                f"Valid keys: {', '.join(valid)}."
+            )
+    kwargs = {}
+    for name, f in fields.items():
+        key_path = sub(name)
+        if name not in data:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ConfigError(f"Missing required key '{key_path}' ({_type_name(hints[name])}).")
+            continue
+        value = data[name]
+        if value == "???":
+            raise ConfigError(f"Missing value for '{key_path}': set it in YAML or as {key_path}=...")
+        value = _coerce(value, hints[name], key_path)
+        kind = f.metadata.get("registry")
+        if registry is not None and kind and value:
+            try:
+                registry.get(kind, value, key_path)
+            except PluginError as exc:
+                raise ConfigError(str(exc)) from None
+        kwargs[name] = value
+    return cls(**kwargs)
+
+
+def _component(section: dict, base: type, kind: str, path: str, registry: Registry) -> Any:
+    if not isinstance(section, dict) or not section.get("name"):
+        choices = registry.names(kind)
+        raise ConfigError(
+            f"'{path}.name' is not set: choose a {kind} with {path}=<option> or {path}.name=... "
+            f"Installed: {', '.join(choices) or 'none'}."
+        )
+    try:
+        entry = registry.get(kind, section["name"], f"{path}.name")
+    except PluginError as exc:
+        raise ConfigError(str(exc)) from None
+    cls = entry.load_meta("config") or base
+    if not issubclass(cls, base):
+        raise ConfigError(f"{kind} '{entry.name}' declares config {cls} not derived from {base}.")
+    return build_dataclass(cls, section, path, registry)
+
+
+def validate_config(raw: dict, registry: Registry) -> LoongConfig:
+    """Turn the composed config into a :class:`LoongConfig`, or raise :class:`ConfigError`."""
+    raw = dict(raw)
+    model = raw.pop("model", None)
+    data = raw.pop("data", None)
+    cfg = build_dataclass(LoongConfig, raw, "", registry)
+    cfg.model = _component(model, ModelConfig, "model", "model", registry)
+    cfg.data = _component(data, DataConfig, "dataset", "data", registry)
+    _check_consistency(cfg, registry)
+    return cfg
+
+
+def _check_consistency(cfg: LoongConfig, registry: Registry) -> None:
+    p, t = cfg.parallel, cfg.trainer
+    for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+                 "context_parallel_size", "expert_model_parallel_size"):
+        if getattr(p, name) < 1:
+            raise ConfigError(f"'parallel.{name}' must be >= 1, got {getattr(p, name)}.")
+    if t.micro_batch_size < 1 or t.global_batch_size < 1 or t.train_iters < 1:
+        raise ConfigError("'trainer.micro_batch_size', 'global_batch_size' and 'train_iters' must be >= 1.")
+    if t.global_batch_size % t.micro_batch_size:
+        raise ConfigError(
+            f"'trainer.global_batch_size' ({t.global_batch_size}) must be a multiple of "
+            f"'trainer.micro_batch_size' ({t.micro_batch_size})."
+        )
+    if p.sequence_parallel and p.tensor_model_parallel_size == 1:
+        raise ConfigError("'parallel.sequence_parallel=true' needs tensor_model_parallel_size > 1.")
+    if p.recompute_method and p.recompute_granularity != "full":
+        raise ConfigError("'parallel.recompute_method' applies only with recompute_granularity=full.")
+    if cfg.device.name != "auto" and not registry.has("device", cfg.device.name):
+        try:
+            registry.get("device", cfg.device.name, "device.name")
+        except PluginError as exc:
+            raise ConfigError(str(exc)) from None
+    if t.resume not in ("none", "auto") and not t.resume:
+        raise ConfigError("'trainer.resume' must be 'none', 'auto' or a checkpoint directory.")

@@ -1,0 +1,1 @@
+"""Device backends (``cpu``, ``cuda``; more from plugins) and their selection."""

@@ -1,0 +1,93 @@
+"""The ``cpu`` backend: gloo process groups, fp32, and megatron-core adapted to run without CUDA."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import time
+
+from loong_core.devices.base import DeviceBackend
+
+logger = logging.getLogger(__name__)
+
+
+def _measure_matmul_flops(num_threads: int, size: int = 1024, repeats: int = 5) -> float:
+    import torch
+
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - start)
+    return 2.0 * size**3 / best
+
+
+class CPUBackend(DeviceBackend):
+    """CPU training. Every megatron-core redirect lives here (see ``mcore_cpu``)."""
+
+    name = "cpu"
+    dist_backend = "gloo"
+
+    @classmethod
+    def is_available(cls) -> bool:
+        return True
+
+    def setup(self) -> None:
+        import torch
+
+        if self.num_threads:
+            torch.set_num_threads(self.num_threads)
+        else:
+            local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
+        from loong_core.devices import mcore_cpu
+
+        mcore_cpu.apply()
+
+    @property
+    def torch_device(self):
+        import torch
+
+        return torch.device("cpu")
+
+    def memory_stats(self) -> dict[str, float]:
+        try:
+            import psutil
+        except ImportError:
+            return {}
+        rss = psutil.Process().memory_info().rss / 2**30
+        return {"mem_gib": rss}
+
+    def peak_flops(self, dtype) -> float:
+        """Measured fp32 matmul FLOP/s of this process's threads, cached per CPU and thread count."""
+        import torch
+
+        from loong_core.config.compose import cache_root
+
+        threads = torch.get_num_threads()
+        key = f"{platform.processor() or platform.machine()}|{os.cpu_count()}|{threads}|{dtype}"
+        path = cache_root() / "cpu_peak_flops.json"
+        cache = {}
+        try:
+            cache = json.loads(path.read_text())
+        except (OSError, ValueError):
+            cache = {}
+        if key not in cache:
+            cache[key] = _measure_matmul_flops(threads)
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_suffix(f".tmp{os.getpid()}")
+                tmp.write_text(json.dumps(cache, indent=1))
+                os.replace(tmp, path)
+            except OSError:
+                logger.debug("could not cache CPU peak FLOP/s at %s", path)
+        return float(cache[key])
+
+    def describe(self) -> str:
+        import torch
+
+        return f"cpu ({torch.get_num_threads()} threads)"

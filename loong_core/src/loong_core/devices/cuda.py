@@ -1,0 +1,82 @@
+"""The ``cuda`` backend: NVIDIA GPUs with NCCL and bf16."""
+
+from __future__ import annotations
+
+from loong_core.devices.base import DeviceBackend
+
+# Dense peak TFLOP/s (bf16, no sparsity) by device-name fragment; fp32 is taken as TF32 peak / 2.
+_PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "H800": 989.0, "A100": 312.0, "A800": 312.0,
+                     "L40": 181.0, "4090": 165.0, "B200": 2250.0, "GB200": 2500.0}
+
+
+class CUDABackend(DeviceBackend):
+    """One process per GPU; the process's GPU is ``LOCAL_RANK``."""
+
+    name = "cuda"
+    dist_backend = "nccl"
+
+    @classmethod
+    def is_available(cls) -> bool:
+        import torch
+
+        return torch.cuda.is_available()
+
+    def setup(self) -> None:
+        import torch
+
+        torch.cuda.set_device(self.local_rank)
+
+    @property
+    def torch_device(self):
+        import torch
+
+        return torch.device("cuda", self.local_rank)
+
+    @property
+    def default_dtype(self):
+        import torch
+
+        return torch.bfloat16
+
+    def manual_seed(self, seed: int) -> None:
+        import torch
+
+        torch.manual_seed(seed)
+        torch.cuda.manual_seed(seed)
+
+    def rng_state(self) -> dict:
+        import torch
+
+        return {"cuda": torch.cuda.get_rng_state()}
+
+    def set_rng_state(self, state: dict) -> None:
+        import torch
+
+        if "cuda" in state:
+            torch.cuda.set_rng_state(state["cuda"])
+
+    def synchronize(self) -> None:
+        import torch
+
+        torch.cuda.synchronize()
+
+    def memory_stats(self) -> dict[str, float]:
+        import torch
+
+        return {"mem_gib": torch.cuda.memory_allocated() / 2**30,
+                "max_mem_gib": torch.cuda.max_memory_allocated() / 2**30}
+
+    def peak_flops(self, dtype) -> float:
+        import torch
+
+        name = torch.cuda.get_device_name(self.local_rank)
+        for fragment, tflops in _PEAK_BF16_TFLOPS.items():
+            if fragment in name:
+                scale = 1.0 if dtype in (torch.bfloat16, torch.float16) else 0.5
+                return tflops * 1e12 * scale
+        return 100e12
+
+    def describe(self) -> str:
+        import torch
+
+        return f"cuda:{self.local_rank} ({torch.cuda.get_device_name(self.local_rank)})"

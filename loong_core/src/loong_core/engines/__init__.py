@@ -1,0 +1,1 @@
+"""Engines (parallel strategies): megatron-core here; more through the ``engine`` hook."""

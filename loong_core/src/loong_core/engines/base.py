@@ -1,0 +1,96 @@
+"""The engine contract the trainer loop talks to; engines never see the modality."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class ParallelLayout:
+    """Where this rank sits. Filled by the engine once process groups exist.
+
+    Attributes:
+        world_size: All ranks.
+        rank: Global rank.
+        data_parallel_size: DP replicas (micro batches are split over these).
+        data_parallel_rank: This rank's DP index.
+        is_logging_rank: Global rank 0 (prints, writes metrics).
+    """
+
+    world_size: int
+    rank: int
+    data_parallel_size: int
+    data_parallel_rank: int
+    is_logging_rank: bool
+
+
+@dataclass
+class StepResult:
+    """What one optimizer step reports (identical on every rank).
+
+    Attributes:
+        loss: Mean loss over the tokens of the global batch.
+        tokens: Loss tokens in the global batch.
+        grad_norm: Global gradient norm before clipping (NaN when not computed).
+        lr: Learning rate used for the step.
+        skipped: Whether the optimizer skipped the update.
+        extra: Further scalars the model reported (summed over micro batches and ranks).
+    """
+
+    loss: float
+    tokens: float
+    grad_norm: float = float("nan")
+    lr: float = float("nan")
+    skipped: bool = False
+    extra: dict | None = None
+
+
+class Engine:
+    """Owns process groups, the wrapped model, optimizer, scheduler and checkpoint I/O.
+
+    Constructed as ``Engine(config, device, model_provider)`` after ``torch.distributed`` is
+    initialised. The trainer then calls :meth:`setup`, and per step :meth:`train_step` with the
+    micro batches of this data-parallel rank.
+    """
+
+    def __init__(self, config: Any, device: Any, model_provider: Any):
+        self.config, self.device, self.provider = config, device, model_provider
+
+    def init_parallel(self) -> ParallelLayout:
+        """Create the parallel groups; returns this rank's layout."""
+        raise NotImplementedError
+
+    def setup(self) -> None:
+        """Build the model, optimizer and scheduler."""
+        raise NotImplementedError
+
+    def num_parameters(self) -> int:
+        """Parameters of the whole model (all ranks' shards together, counted once)."""
+        raise NotImplementedError
+
+    def train_step(self, micro_batches: list[dict]) -> StepResult:
+        """Forward, backward and optimizer step over this rank's micro batches."""
+        raise NotImplementedError
+
+    def eval_step(self, micro_batches: list[dict]) -> StepResult:
+        """Forward only; mean loss over the tokens of all ranks' micro batches."""
+        raise NotImplementedError
+
+    def save_checkpoint(self, directory: str, common_state: dict) -> None:
+        """Write model, optimizer, scheduler and ``common_state`` into ``directory`` (collective)."""
+        raise NotImplementedError
+
+    def load_checkpoint(self, directory: str) -> dict:
+        """Restore what :meth:`save_checkpoint` wrote; returns its ``common_state``."""
+        raise NotImplementedError
+
+    def rng_state(self) -> dict:
+        """Engine-held RNG state (for example megatron's model-parallel RNG tracker)."""
+        return {}
+
+    def set_rng_state(self, state: dict) -> None:
+        """Restore :meth:`rng_state`."""
+
+    def shutdown(self) -> None:
+        """Release process groups."""

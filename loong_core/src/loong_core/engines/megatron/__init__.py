@@ -1,0 +1,1 @@
+"""The megatron-core engine."""

@@ -1,0 +1,53 @@
+"""Model + optimizer + scheduler through megatron-core dist_checkpointing (reshardable)."""
+
+from __future__ import annotations
+
+import torch
+
+SHARDING_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
+
+
+def _model_sharded_state(engine) -> dict:
+    chunks = engine.model
+    if len(chunks) == 1:
+        return {"model": chunks[0].module.sharded_state_dict()}
+    return {f"model{i}": chunk.module.sharded_state_dict() for i, chunk in enumerate(chunks)}
+
+
+def _sharded_state(engine, is_loading: bool) -> dict:
+    state = _model_sharded_state(engine)
+    merged = {}
+    for value in state.values():
+        merged.update(value)
+    state["optimizer"] = engine.optimizer.sharded_state_dict(
+        merged, is_loading=is_loading, metadata=SHARDING_METADATA)
+    return state
+
+
+def save(engine, directory: str, common_state: dict) -> None:
+    """Collective save into an existing empty ``directory``."""
+    from megatron.core import dist_checkpointing
+
+    state = _sharded_state(engine, is_loading=False)
+    state["scheduler"] = engine.scheduler.state_dict()
+    state["loong"] = common_state
+    dist_checkpointing.save(state, directory)
+
+
+def load(engine, directory: str) -> dict:
+    """Collective load; returns the ``common_state`` given to :func:`save`."""
+    from megatron.core import dist_checkpointing
+
+    state = _sharded_state(engine, is_loading=True)
+    state["scheduler"] = None
+    state["loong"] = None
+    loaded = dist_checkpointing.load(state, directory)
+    if len(engine.model) == 1:
+        engine.model[0].module.load_state_dict(loaded["model"], strict=True)
+    else:
+        for i, chunk in enumerate(engine.model):
+            chunk.module.load_state_dict(loaded[f"model{i}"], strict=True)
+    with torch.no_grad():
+        engine.optimizer.load_state_dict(loaded["optimizer"])
+    engine.scheduler.load_state_dict(loaded["scheduler"])
+    return loaded["loong"]

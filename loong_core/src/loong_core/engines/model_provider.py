@@ -1,0 +1,52 @@
+"""The contract a registered model fulfils so that an engine can build and train it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ModelProvider:
+    """Builds one registered model for an engine; constructed with the validated model config.
+
+    Attributes:
+        engines: Engine names this model supports.
+    """
+
+    engines: tuple[str, ...] = ("megatron",)
+    reported_metrics: tuple[str, ...] = ("loss",)
+
+    def __init__(self, config: Any):
+        self.config = config
+
+    def apply_data_overrides(self, overrides: dict[str, Any]) -> None:
+        """Take values the data decides (for example the tokenizer's ``vocab_size``)."""
+        for key, value in overrides.items():
+            if hasattr(self.config, key):
+                setattr(self.config, key, value)
+
+    # -- megatron engine ---------------------------------------------------------------------
+    def megatron_config(self, parallel_kwargs: dict[str, Any]) -> Any:
+        """Return megatron-core's ``TransformerConfig`` with ``parallel_kwargs`` applied."""
+        raise NotImplementedError
+
+    def build_megatron_model(self, config: Any, pre_process: bool, post_process: bool,
+                             vp_stage: int | None) -> Any:
+        """Build the model chunk for one (virtual) pipeline stage."""
+        raise NotImplementedError
+
+    def forward_step(self, model: Any, batch: dict) -> tuple[Any, Any]:
+        """Run one micro batch: returns ``(output, loss_func)`` as megatron's schedules expect.
+
+        ``loss_func(output)`` returns ``(loss_sum, num_tokens, {"loss": stack([sum, count])})``.
+        """
+        raise NotImplementedError
+
+    # -- accounting ------------------------------------------------------------------------
+    def flops_per_token(self, seq_length: int) -> float:
+        """Training FLOPs (forward + backward) per token, for MFU."""
+        raise NotImplementedError
+
+    def tokens_in(self, batch: dict) -> int:
+        """Tokens processed in a micro batch (for tokens/s)."""
+        tokens = batch.get("tokens")
+        return int(tokens.numel()) if tokens is not None else 0

@@ -1,0 +1,172 @@
+"""One training process: config -> device -> process groups -> engine -> data -> trainer."""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+from pathlib import Path
+
+from loong_core.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+
+def _env_int(name: str, default: int) -> int:
+    return int(os.environ.get(name, default))
+
+
+def _init_process_group(backend: str, device) -> None:
+    import torch
+
+    if torch.distributed.is_initialized():
+        return
+    kwargs = {}
+    if backend == "nccl":
+        kwargs["device_id"] = device.torch_device
+    torch.distributed.init_process_group(backend=backend, timeout=datetime.timedelta(minutes=30), **kwargs)
+
+
+def _broadcast_object(value):
+    import torch
+
+    box = [value]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _runs_root() -> Path:
+    return Path(os.environ.get("LOONG_RUNS", "runs"))
+
+
+def choose_run_dir(cfg) -> tuple[Path, Path | None]:
+    """Return ``(run_dir, checkpoint_to_resume)`` on rank 0 (see ``TrainerConfig.resume``)."""
+    from loong_core.checkpoint import store
+
+    t = cfg.trainer
+    experiment_root = _runs_root() / cfg.name
+    if t.run_dir:
+        run_dir = Path(t.run_dir)
+    elif t.resume == "auto" and experiment_root.is_dir():
+        previous = sorted(p for p in experiment_root.iterdir() if p.is_dir())
+        run_dir = previous[-1] if previous else None
+    else:
+        run_dir = None
+    if run_dir is None:
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        run_dir = experiment_root / stamp
+        suffix = 1
+        while run_dir.exists():
+            run_dir = experiment_root / f"{stamp}-{suffix}"
+            suffix += 1
+    resume_from = None
+    if t.resume == "auto":
+        resume_from = store.find_latest(run_dir / "checkpoints")
+    elif t.resume not in ("none", ""):
+        resume_from = Path(t.resume)
+        store.read_record(resume_from)  # clear error for a bad path before anything is built
+    return run_dir, resume_from
+
+
+def _save_config(cfg, run_dir: Path, overrides: list[str]) -> None:
+    import dataclasses
+
+    import yaml
+
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
+    (run_dir / "overrides.txt").write_text("\n".join(overrides) + "\n")
+
+
+def train(overrides: list[str]) -> dict:
+    """Run training in this process (one rank of a torchrun job, or the only rank).
+
+    Returns:
+        The final metrics (on every rank).
+    """
+    import torch
+
+    from loong_core.config.compose import load_config
+    from loong_core.data.loader import GlobalBatchLoader
+    from loong_core.devices.select import select_device
+    from loong_core.plugins import get_plugin_system
+    from loong_core.trainer.banner import banner
+    from loong_core.trainer.loop import Trainer
+    from loong_core.trainer.run_context import RunContext
+
+    cfg = load_config(overrides)
+    system = get_plugin_system()
+    registry = system.registry()
+    local_rank = _env_int("LOCAL_RANK", 0)
+    device = select_device(cfg.device.name, local_rank, cfg.device.num_threads)
+    device.setup()
+    _init_process_group(device.dist_backend, device)
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    if rank != 0:
+        logging.getLogger().setLevel(logging.WARNING)
+
+    data_module = registry.get("dataset", cfg.data.name).load()(cfg.data)
+    provider = registry.get("model", cfg.model.name).load()(cfg.model)
+    engine_cls = registry.get("engine", cfg.parallel.engine).load()
+    balancer = registry.get("balancer", cfg.data.balancer).load()
+
+    device.manual_seed(cfg.trainer.seed)
+    if rank == 0:
+        data_module.prepare()
+    torch.distributed.barrier()
+    data_module.setup()
+    provider.apply_data_overrides(data_module.model_overrides())
+
+    engine = engine_cls(cfg, device, provider)
+    layout = engine.init_parallel()
+    engine.setup()
+
+    run_dir, resume_from = _broadcast_object(choose_run_dir(cfg) if rank == 0 else None)
+    if rank == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        _save_config(cfg, run_dir, overrides)
+    torch.distributed.barrier()
+
+    t = cfg.trainer
+    eval_samples = t.eval_iters * t.global_batch_size if t.eval_interval else 0
+    train_set, valid_set = data_module.build(t.train_iters * t.global_batch_size,
+                                             max(eval_samples, 1), t.seed)
+    cost = data_module.sample_cost if cfg.data.balancer != "none" else None
+
+    def loader(dataset):
+        return GlobalBatchLoader(dataset, t.global_batch_size, t.micro_batch_size,
+                                 layout.data_parallel_rank, layout.data_parallel_size, balancer, cost)
+
+    run = RunContext(cfg, run_dir, rank, world, layout=layout)
+    num_params = engine.num_parameters()
+    seq_length = cfg.data.seq_length
+    if rank == 0:
+        logger.info("%s", banner(cfg, device, layout, num_params, system, run_dir))
+    trainer = Trainer(run, engine, loader(train_set), loader(valid_set) if eval_samples else None,
+                      system.hook, device, provider.flops_per_token(seq_length))
+    start = 0
+    if resume_from is not None:
+        start = trainer.resume(resume_from)
+    elif t.resume == "auto" and rank == 0:
+        logger.info("trainer.resume=auto: no checkpoint in %s, starting fresh", run_dir)
+    try:
+        metrics = trainer.fit(start)
+    finally:
+        engine.shutdown()
+    metrics["run_dir"] = str(run_dir)
+    metrics["num_parameters"] = num_params
+    if rank == 0:
+        logger.info("done: run directory %s", run_dir)
+    return metrics
+
+
+def check_layout(cfg, world_size: int) -> None:
+    """Fail early (before spawning) when the parallel layout cannot fit ``world_size`` ranks."""
+    from loong_core.engines.megatron.parallel import check_world
+
+    dp = check_world(cfg.parallel, world_size)
+    t = cfg.trainer
+    if t.global_batch_size % (t.micro_batch_size * dp):
+        raise ConfigError(
+            f"'trainer.global_batch_size' ({t.global_batch_size}) must be a multiple of "
+            f"micro_batch_size x data-parallel size = {t.micro_batch_size} x {dp}."
+        )

@@ -1,0 +1,1 @@
+"""The model-agnostic training loop, progress display and metric sinks."""

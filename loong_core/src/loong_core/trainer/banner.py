@@ -1,0 +1,37 @@
+"""The banner ``loong train`` prints once: versions, device, plugins, parallel layout."""
+
+from __future__ import annotations
+
+import platform
+
+
+def _version(package: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "-"
+
+
+def banner(cfg, device, layout, num_params: int, system, run_dir) -> str:
+    """Multi-line description of the run."""
+    p, t = cfg.parallel, cfg.trainer
+    plugins = ", ".join(f"{i.name} {i.version}" + (" (FAILED)" if i.error else "") for i in system.infos)
+    grad_accum = t.global_batch_size // (t.micro_batch_size * layout.data_parallel_size)
+    lines = [
+        f"loong {_version('loong-core')} | torch {_version('torch')} | megatron-core "
+        f"{_version('megatron-core')} | python {platform.python_version()}",
+        f"device: {device.describe()} x {layout.world_size} ranks ({device.dist_backend})",
+        f"plugins: {plugins}",
+        f"experiment: {cfg.name} | model: {cfg.model.name} ({num_params / 1e6:.2f}M parameters) "
+        f"| data: {cfg.data.name} (seq {cfg.data.seq_length})",
+        f"parallel: engine={p.engine} TP={p.tensor_model_parallel_size} "
+        f"PP={p.pipeline_model_parallel_size} VPP={p.virtual_pipeline_model_parallel_size or 1} "
+        f"EP={p.expert_model_parallel_size} DP={layout.data_parallel_size} "
+        f"SP={p.sequence_parallel} dist-opt={p.use_distributed_optimizer}",
+        f"batch: global {t.global_batch_size} = micro {t.micro_batch_size} x grad-accum "
+        f"{grad_accum} x DP {layout.data_parallel_size} | steps {t.train_iters}",
+        f"run dir: {run_dir}",
+    ]
+    return "\n".join(lines)

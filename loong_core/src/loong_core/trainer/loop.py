@@ -1,0 +1,167 @@
+"""The training loop. It calls interfaces only: engine, data loader, sinks, lifecycle hooks."""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from loong_core.checkpoint import store
+from loong_core.errors import CheckpointError, TrainingError
+from loong_core.trainer.metrics import MetricsWriter
+from loong_core.trainer.progress import Progress
+
+logger = logging.getLogger(__name__)
+
+
+class Trainer:
+    """Runs ``train_iters`` optimizer steps with evaluation, logging and checkpoints.
+
+    Args:
+        run: The :class:`~loong_core.trainer.run_context.RunContext`.
+        engine: A set-up :class:`~loong_core.engines.base.Engine`.
+        train_loader: :class:`~loong_core.data.loader.GlobalBatchLoader` over the train split.
+        valid_loader: Loader over the validation split, or None.
+        hooks: The plugin hook relay.
+        device: The device backend.
+        flops_per_token: Training FLOPs per token of the whole model (for MFU).
+    """
+
+    def __init__(self, run, engine, train_loader, valid_loader, hooks, device, flops_per_token):
+        self.run, self.engine, self.hooks, self.device = run, engine, hooks, device
+        self.train_loader, self.valid_loader = train_loader, valid_loader
+        self.cfg = run.config.trainer
+        self.flops_per_token = flops_per_token
+        self.checkpoint_root = run.run_dir / "checkpoints"
+        self.is_logger = run.layout.is_logging_rank
+        self.metrics = MetricsWriter(run.run_dir, self.cfg.tensorboard) if self.is_logger else None
+        self._last_saved = -1
+        self._peak = device.peak_flops(device.default_dtype) * run.world_size
+
+    # -- state ---------------------------------------------------------------------------------
+    def _rng_state(self) -> dict:
+        return {"python": random.getstate(), "numpy": np.random.get_state(),
+                "torch": torch.get_rng_state(), "device": self.device.rng_state(),
+                "engine": self.engine.rng_state()}
+
+    def _set_rng_state(self, state: dict) -> None:
+        random.setstate(state["python"])
+        np.random.set_state(state["numpy"])
+        torch.set_rng_state(state["torch"])
+        self.device.set_rng_state(state["device"])
+        self.engine.set_rng_state(state["engine"])
+
+    def resume(self, path: Path) -> int:
+        """Load a checkpoint; returns the iteration to continue from."""
+        record = store.read_record(path)
+        common = self.engine.load_checkpoint(str(path))
+        if common.get("iteration") != record["iteration"]:
+            raise CheckpointError(f"{path}: completion record and checkpoint state disagree.")
+        rng = store.load_rng(path, self.run.rank)
+        if rng is not None and record.get("layout") == self._layout_record():
+            self._set_rng_state(rng)
+        else:
+            logger.warning("checkpoint %s was written with another parallel layout; RNG state "
+                           "is reseeded instead of restored", path)
+        logger.info("resumed from %s at iteration %d", path, record["iteration"])
+        self._last_saved = int(record["iteration"])
+        return int(record["iteration"])
+
+    def _layout_record(self) -> dict:
+        p = self.run.config.parallel
+        return {"world_size": self.run.world_size, "tp": p.tensor_model_parallel_size,
+                "pp": p.pipeline_model_parallel_size, "vpp": p.virtual_pipeline_model_parallel_size,
+                "ep": p.expert_model_parallel_size}
+
+    def save(self, iteration: int) -> Path:
+        """Write an atomic checkpoint of the state after ``iteration`` steps."""
+        common = {"iteration": iteration, "consumed_samples": iteration * self.cfg.global_batch_size}
+        path = store.save_collective(
+            self.checkpoint_root, iteration,
+            lambda directory: self.engine.save_checkpoint(directory, common),
+            record={"layout": self._layout_record(), "name": self.run.config.name},
+            rng_state=self._rng_state(),
+        )
+        self._last_saved = iteration
+        self.hooks.loong_on_checkpoint_saved(run=self.run, step=iteration, path=str(path))
+        return path
+
+    # -- loop ----------------------------------------------------------------------------------
+    def evaluate(self, step: int) -> float:
+        """Mean validation loss over ``eval_iters`` global batches."""
+        total, tokens = 0.0, 0.0
+        for k in range(self.cfg.eval_iters):
+            result = self.engine.eval_step(self.valid_loader.micro_batches(k))
+            total += result.loss * result.tokens
+            tokens += result.tokens
+        loss = total / tokens if tokens else float("nan")
+        if self.metrics is not None:
+            self.metrics.write(step, {"loss": loss, "ppl": math.exp(min(loss, 50))}, split="valid")
+        return loss
+
+    def fit(self, start_iteration: int = 0) -> dict:
+        """Train from ``start_iteration`` to ``train_iters``; returns the last metrics."""
+        cfg = self.cfg
+        self.run.iteration = start_iteration
+        progress = Progress(cfg.train_iters, start_iteration, self.is_logger, cfg.progress_bar)
+        self.hooks.loong_on_train_start(run=self.run)
+        metrics: dict = {}
+        window_tokens, window_time = 0.0, 0.0
+        try:
+            for iteration in range(start_iteration, cfg.train_iters):
+                step = iteration + 1
+                micro_batches = self.train_loader.micro_batches(iteration)
+                self.device.synchronize()
+                started = time.perf_counter()
+                result = self.engine.train_step(micro_batches)
+                self.device.synchronize()
+                elapsed = time.perf_counter() - started
+                if cfg.exit_on_nan and not math.isfinite(result.loss):
+                    raise TrainingError(
+                        f"loss is {result.loss} at step {step}. Lower optim.lr, check the data, "
+                        f"or resume from the last checkpoint in {self.checkpoint_root} with "
+                        f"trainer.resume=auto (set trainer.exit_on_nan=false to continue anyway)."
+                    )
+                self.run.iteration = step
+                window_tokens += result.tokens
+                window_time += elapsed
+                tokens_per_sec = result.tokens / elapsed if elapsed > 0 else 0.0
+                metrics = {
+                    "loss": result.loss, "lr": result.lr, "grad_norm": result.grad_norm,
+                    "tokens_per_sec": tokens_per_sec, "step_time": elapsed,
+                    "mfu": tokens_per_sec * self.flops_per_token / self._peak if self._peak else 0.0,
+                    **(result.extra or {}), **self.device.memory_stats(),
+                }
+                log_now = step % cfg.log_interval == 0 or step == cfg.train_iters
+                progress.update(step, metrics, log_line=log_now)
+                if log_now:
+                    if self.metrics is not None:
+                        avg = window_tokens / window_time if window_time else 0.0
+                        self.metrics.write(step, {**metrics, "tokens_per_sec_avg": avg})
+                    self.hooks.loong_on_log_step(run=self.run, step=step, metrics=metrics)
+                    window_tokens, window_time = 0.0, 0.0
+                if self.valid_loader is not None and cfg.eval_interval and step % cfg.eval_interval == 0:
+                    valid = self.evaluate(step)
+                    metrics["valid_loss"] = valid
+                    progress.note(f"step {step}: validation loss {valid:.4f}")
+                if cfg.save_interval and step % cfg.save_interval == 0 and step != cfg.train_iters:
+                    path = self.save(step)
+                    progress.note(f"saved checkpoint {path}")
+            if self.valid_loader is not None and cfg.eval_interval and "valid_loss" not in metrics:
+                metrics["valid_loss"] = self.evaluate(cfg.train_iters)
+                progress.note(f"final validation loss {metrics['valid_loss']:.4f}")
+            if cfg.save_at_end or cfg.save_interval:
+                if self._last_saved != cfg.train_iters:
+                    path = self.save(cfg.train_iters)
+                    progress.note(f"saved checkpoint {path}")
+        finally:
+            progress.close()
+            if self.metrics is not None:
+                self.metrics.close()
+        self.hooks.loong_on_train_end(run=self.run, metrics=metrics)
+        return metrics

@@ -1,0 +1,81 @@
+"""Rank-0 progress: a bar on a terminal, one log line per interval everywhere."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+
+logger = logging.getLogger("loong.train")
+
+
+def _eta(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes:02d}:{secs:02d}"
+
+
+class Progress:
+    """Shows step, loss, tokens/s, MFU, memory and ETA.
+
+    Args:
+        total: Last iteration.
+        start: First iteration (after resume).
+        enabled: Whether this rank displays anything (local rank 0 of the logging rank).
+        bar: Draw a tqdm bar (only when stderr is a terminal).
+    """
+
+    def __init__(self, total: int, start: int, enabled: bool, bar: bool):
+        self.total, self.start, self.enabled = total, start, enabled
+        self._started = time.perf_counter()
+        self._bar = None
+        if enabled and bar and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, initial=start, desc="train", dynamic_ncols=True,
+                             bar_format="{desc} {n_fmt}/{total_fmt} |{bar}| {postfix}")
+
+    def eta(self, step: int) -> float:
+        """Seconds left at the average pace since start."""
+        done = step - self.start
+        elapsed = time.perf_counter() - self._started
+        return elapsed / done * (self.total - step) if done > 0 else float("nan")
+
+    def update(self, step: int, metrics: dict, log_line: bool) -> None:
+        """Advance to ``step``; print a log line when ``log_line``."""
+        if not self.enabled:
+            return
+        eta = self.eta(step)
+        fields = {
+            "loss": f"{metrics['loss']:.4f}",
+            "tok/s": f"{metrics.get('tokens_per_sec', 0):.0f}",
+            "mfu": f"{100 * metrics.get('mfu', 0):.1f}%",
+        }
+        if "mem_gib" in metrics:
+            fields["mem"] = f"{metrics['mem_gib']:.1f}G"
+        fields["eta"] = _eta(eta) if eta == eta else "?"
+        if self._bar is not None:
+            self._bar.set_postfix_str(" ".join(f"{k}={v}" for k, v in fields.items()), refresh=False)
+            self._bar.update(step - self._bar.n)
+        if log_line:
+            text = " | ".join(f"{k} {v}" for k, v in fields.items())
+            message = f"step {step}/{self.total} | {text} | lr {metrics.get('lr', 0):.3g}"
+            if self._bar is not None:
+                self._bar.write(message, file=sys.stderr)
+            else:
+                logger.info(message)
+
+    def note(self, message: str) -> None:
+        """Print a message without breaking the bar."""
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.write(message, file=sys.stderr)
+        else:
+            logger.info(message)
+
+    def close(self) -> None:
+        """Remove the bar."""
+        if self._bar is not None:
+            self._bar.close()

@@ -1,0 +1,27 @@
+"""``python -m loong_core.worker [overrides]``: one rank of a torchrun job started by ``loong train``."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+
+def main() -> int:
+    """Train with the overrides on the command line; exit code 2 on a loong error."""
+    from loong_core.errors import LoongError
+    from loong_core.runtime import train
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
+    for noisy in ("megatron", "megatron.core"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    try:
+        train(sys.argv[1:])
+    except LoongError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Model families; each folder has the same files: config.py, model.py, README.md."""

@@ -1,0 +1,1 @@
+"""Llama-style decoder: RMSNorm, SwiGLU, RoPE, grouped-query attention."""

@@ -1,0 +1,39 @@
+"""Developer sessions: lint, the full test suite, and each plugin installed alone with core."""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.sessions = ["lint", "tests"]
+nox.options.default_venv_backend = "venv"
+
+PLUGINS = ["loong_llm"]
+TORCH = "torch==2.13.0"
+
+
+@nox.session
+def lint(session):
+    """ruff over every package."""
+    session.install("ruff")
+    session.run("ruff", "check", ".")
+
+
+@nox.session
+def tests(session):
+    """All packages installed together; the whole suite."""
+    session.install(TORCH)
+    session.install("-r", "requirements-dev.txt")
+    session.install("-e", "loong_core", *[arg for p in PLUGINS for arg in ("-e", p)])
+    session.run("pytest", *session.posargs)
+
+
+@nox.session
+@nox.parametrize("package", ["loong_core", *PLUGINS])
+def isolated(session, package):
+    """One package (plus core) in a fresh environment must pass its own tests."""
+    session.install(TORCH)
+    session.install("-r", "requirements-dev.txt")
+    session.install("-e", "loong_core")
+    if package != "loong_core":
+        session.install("-e", package)
+    session.run("pytest", f"{package}/tests", *session.posargs)
