@@ -146,6 +146,13 @@ def train(overrides: list[str]) -> dict:
     start = 0
     if resume_from is not None:
         start = trainer.resume(resume_from)
+    elif t.init_from:
+        from loong_core.checkpoint import store
+
+        store.read_record(Path(t.init_from))
+        engine.load_model_weights(t.init_from)
+        if rank == 0:
+            logger.info("initialised model weights from %s", t.init_from)
     elif t.resume == "auto" and rank == 0:
         logger.info("trainer.resume=auto: no checkpoint in %s, starting fresh", run_dir)
     try:

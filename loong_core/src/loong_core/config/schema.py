@@ -134,6 +134,8 @@ class TrainerConfig:
         run_dir: Directory of this run (checkpoints, metrics); None: ``runs/<name>/<time>``.
         resume: ``none``, ``auto`` (newest complete checkpoint of the run dir, or of the newest
             run of this experiment when run_dir is unset) or a checkpoint directory.
+        init_from: Checkpoint directory whose model weights initialise a fresh run (any parallel
+            layout; optimizer, schedule and iteration start anew). Ignored when resuming.
         progress_bar: Show a progress bar on local rank 0 when stderr is a terminal.
         tensorboard: Write TensorBoard event files.
         exit_on_nan: Stop with an error when the loss becomes NaN/inf.
@@ -150,6 +152,7 @@ class TrainerConfig:
     save_at_end: bool = True
     run_dir: Optional[str] = None
     resume: str = "none"
+    init_from: Optional[str] = None
     progress_bar: bool = True
     tensorboard: bool = True
     exit_on_nan: bool = True

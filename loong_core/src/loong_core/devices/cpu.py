@@ -44,9 +44,14 @@ class CPUBackend(DeviceBackend):
         else:
             local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
+        import warnings
+
         from loong_core.devices import mcore_cpu
 
         mcore_cpu.apply()
+        # Advice meant for GPUs, and torch's renaming notices for calls made inside megatron-core.
+        warnings.filterwarnings("ignore", message=".*CUDA_DEVICE_MAX_CONNECTIONS.*")
+        warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
 
     @property
     def torch_device(self):

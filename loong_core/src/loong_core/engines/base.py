@@ -85,6 +85,10 @@ class Engine:
         """Restore what :meth:`save_checkpoint` wrote; returns its ``common_state``."""
         raise NotImplementedError
 
+    def load_model_weights(self, directory: str) -> None:
+        """Initialise the model from a checkpoint's weights only (fine-tuning start)."""
+        raise NotImplementedError
+
     def rng_state(self) -> dict:
         """Engine-held RNG state (for example megatron's model-parallel RNG tracker)."""
         return {}

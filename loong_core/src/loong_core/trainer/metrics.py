@@ -48,9 +48,3 @@ class MetricsWriter:
             self._tb.flush()
             self._tb.close()
 
-
-def read_metrics(run_dir: Path, split: str | None = None) -> list[dict]:
-    """Records of ``metrics.jsonl`` (optionally one split)."""
-    path = Path(run_dir) / "metrics.jsonl"
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [r for r in records if split is None or r.get("split") == split]

@@ -164,7 +164,8 @@ class TextDataModule:
     def _count_tokens(prefix: Path) -> int:
         from megatron.core.datasets.indexed_dataset import IndexedDataset
 
-        return int(IndexedDataset(str(prefix)).sequence_lengths.sum())
+        dataset = IndexedDataset(str(prefix))  # keep it alive: its __del__ closes the mmap
+        return int(dataset.sequence_lengths.sum())
 
     def metadata(self) -> dict[str, Any]:
         """Contents of ``meta.json``: document names and token counts per split."""

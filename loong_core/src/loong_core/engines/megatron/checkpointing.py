@@ -16,11 +16,9 @@ def _model_sharded_state(engine) -> dict:
 
 def _sharded_state(engine, is_loading: bool) -> dict:
     state = _model_sharded_state(engine)
-    merged = {}
-    for value in state.values():
-        merged.update(value)
+    # The optimizer maps its params through the (nested) model state of every chunk.
     state["optimizer"] = engine.optimizer.sharded_state_dict(
-        merged, is_loading=is_loading, metadata=SHARDING_METADATA)
+        dict(state), is_loading=is_loading, metadata=SHARDING_METADATA)
     return state
 
 
@@ -51,3 +49,20 @@ def load(engine, directory: str) -> dict:
         engine.optimizer.load_state_dict(loaded["optimizer"])
     engine.scheduler.load_state_dict(loaded["scheduler"])
     return loaded["loong"]
+
+
+def load_model_only(engine, directory: str) -> None:
+    """Load only the model weights (any parallel layout); optimizer and scheduler stay fresh."""
+    from megatron.core import dist_checkpointing
+
+    state = _model_sharded_state(engine)
+    loaded = dist_checkpointing.load(state, directory)
+    if len(engine.model) == 1:
+        engine.model[0].module.load_state_dict(loaded["model"], strict=True)
+    else:
+        for i, chunk in enumerate(engine.model):
+            chunk.module.load_state_dict(loaded[f"model{i}"], strict=True)
+    # The optimizer holds its own fp32 copies when it shards state; refresh them from the model.
+    reload = getattr(engine.optimizer, "reload_model_params", None)
+    if reload is not None:
+        reload()

@@ -168,6 +168,9 @@ class MegatronEngine(Engine):
     def load_checkpoint(self, directory: str) -> dict:
         return checkpointing.load(self, directory)
 
+    def load_model_weights(self, directory: str) -> None:
+        checkpointing.load_model_only(self, directory)
+
     def rng_state(self) -> dict:
         from megatron.core import tensor_parallel
 

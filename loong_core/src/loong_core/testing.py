@@ -1,0 +1,101 @@
+"""Testing kit for plugin authors: run ``loong train`` for real and read what it wrote."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+
+def run_train(overrides: list[str], nproc: int = 1, env: dict | None = None, timeout: float = 600,
+              check: bool = True) -> subprocess.CompletedProcess:
+    """Run ``loong train OVERRIDES --nproc-per-node N`` in a subprocess.
+
+    Args:
+        overrides: Hydra overrides.
+        nproc: Ranks (torchrun when > 1).
+        env: Extra environment variables.
+        timeout: Seconds before the run is killed.
+        check: Raise ``AssertionError`` with the output when the exit code is not 0.
+    """
+    cmd = [sys.executable, "-m", "loong_core.cli.main", "train", *overrides, "--nproc-per-node", str(nproc)]
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    # Output goes to files, not pipes: helper processes of a crashed run (megatron-core's
+    # checkpoint-writer queue manager) may outlive it and would hold a pipe open. The run gets its
+    # own process group, which is cleaned up afterwards.
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=full_env, start_new_session=True)
+        try:
+            returncode = proc.wait(timeout=timeout)
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        out.seek(0)
+        err.seek(0)
+        result = subprocess.CompletedProcess(cmd, returncode, out.read(), err.read())
+    if check and result.returncode != 0:
+        raise AssertionError(
+            f"loong train failed ({result.returncode}): {' '.join(cmd)}\n"
+            f"--- stdout ---\n{result.stdout[-4000:]}\n--- stderr ---\n{result.stderr[-8000:]}"
+        )
+    proc = result
+    return proc
+
+
+def read_metrics(run_dir: str | Path, split: str = "train") -> list[dict]:
+    """Records of one split in ``run_dir/metrics.jsonl``."""
+    path = Path(run_dir) / "metrics.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in records if r["split"] == split]
+
+
+def losses(run_dir: str | Path, split: str = "train") -> dict[int, float]:
+    """``step -> loss`` of one split (needs ``trainer.log_interval=1`` for every step)."""
+    return {r["step"]: r["loss"] for r in read_metrics(run_dir, split)}
+
+
+def install_plugin(site_dir: str | Path, distribution: str, entry_name: str, modules: dict[str, str],
+                   version: str = "0.0.1") -> Path:
+    """Install a plugin distribution into ``site_dir`` the way pip lays one out.
+
+    Writes the modules and a ``<dist>-<version>.dist-info`` folder (METADATA, entry_points.txt,
+    RECORD) so that ``importlib.metadata`` finds a real ``loong`` entry point when ``site_dir``
+    is on ``sys.path`` (for example through ``PYTHONPATH``).
+
+    Args:
+        site_dir: Target directory (created if needed).
+        distribution: Distribution name.
+        entry_name: Entry-point name in group ``loong``; its value is the first module.
+        modules: ``module name -> source``; dotted names create packages.
+        version: Distribution version.
+    """
+    site = Path(site_dir)
+    site.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, source in modules.items():
+        parts = name.split(".")
+        for i in range(1, len(parts)):
+            package = site.joinpath(*parts[:i])
+            package.mkdir(exist_ok=True)
+            init = package / "__init__.py"
+            if not init.exists():
+                init.write_text("")
+                written.append(init)
+        path = site.joinpath(*parts[:-1], parts[-1] + ".py")
+        path.write_text(source)
+        written.append(path)
+    normalized = distribution.replace("-", "_")
+    info = site / f"{normalized}-{version}.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: {distribution}\nVersion: {version}\n")
+    (info / "entry_points.txt").write_text(f"[loong]\n{entry_name} = {next(iter(modules))}\n")
+    records = [*written, info / "METADATA", info / "entry_points.txt"]
+    (info / "RECORD").write_text("".join(f"{p.relative_to(site)},,\n" for p in records))
+    return site
