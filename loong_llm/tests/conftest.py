@@ -31,7 +31,7 @@ TINY_OVERRIDES = [
 ]
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def tiny():
     """Overrides of a seconds-long Llama run that logs every step."""
     return list(TINY_OVERRIDES)

@@ -14,19 +14,14 @@ LAYOUTS = {
     "dp2_distopt": (2, ["parallel=zero1"]),
     "tp2_pp2": (4, ["parallel=tp2_pp2"]),
     "pp2_vpp2": (2, ["parallel=pp2", "parallel.virtual_pipeline_model_parallel_size=2"]),
+    "recompute_full": (1, ["parallel.recompute_granularity=full", "parallel.recompute_method=uniform",
+                           "parallel.recompute_num_layers=1"]),
+    "recompute_selective": (1, ["parallel.recompute_granularity=selective"]),
 }
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    tiny = [
-        "experiment=llama_debug",
-        "model.num_layers=4",
-        "trainer.log_interval=1",
-        "trainer.eval_interval=0",
-        "trainer.progress_bar=false",
-        "trainer.tensorboard=false",
-    ]
+def reference(tmp_path_factory, tiny):
     """Initial weights saved once, and the one-rank loss curve trained from them."""
     root = tmp_path_factory.mktemp("parallel")
     run_train([*tiny, f"trainer.run_dir={root / 'init'}", "trainer.train_iters=1"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 
 def add_parser(subparsers) -> None:
     """Add the ``train`` subcommand."""
@@ -36,5 +38,11 @@ def run(args, extra) -> int:
     cfg = load_config(overrides)  # fail before spawning anything
     if options.nnodes in ("1", "1:1"):
         check_layout(cfg, options.nproc_per_node)
-    launch(options, overrides)
+    try:
+        launch(options, overrides)
+    except Exception as exc:  # torchrun reports failed workers with ChildFailedError
+        if type(exc).__name__ != "ChildFailedError":
+            raise
+        print(f"error: a training rank failed; its log is above.\n{exc}", file=sys.stderr)
+        return 1
     return 0

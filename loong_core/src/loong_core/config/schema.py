@@ -128,7 +128,8 @@ class TrainerConfig:
         seed: Random seed.
         log_interval: Steps between metric lines / JSONL records.
         eval_interval: Steps between validation passes (0 disables).
-        eval_iters: Validation micro-batch rounds per pass.
+        eval_iters: Validation global batches per pass.
+        eval_at_start: Also evaluate before the first step (a baseline for the curve).
         save_interval: Steps between checkpoints (0: only at the end).
         save_at_end: Save a checkpoint after the last step.
         run_dir: Directory of this run (checkpoints, metrics); None: ``runs/<name>/<time>``.
@@ -148,6 +149,7 @@ class TrainerConfig:
     log_interval: int = 10
     eval_interval: int = 50
     eval_iters: int = 4
+    eval_at_start: bool = False
     save_interval: int = 0
     save_at_end: bool = True
     run_dir: Optional[str] = None

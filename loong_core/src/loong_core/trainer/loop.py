@@ -113,6 +113,8 @@ class Trainer:
         metrics: dict = {}
         window_tokens, window_time = 0.0, 0.0
         try:
+            if self.valid_loader is not None and cfg.eval_at_start and start_iteration == 0:
+                progress.note(f"step 0: validation loss {self.evaluate(0):.4f}")
             for iteration in range(start_iteration, cfg.train_iters):
                 step = iteration + 1
                 micro_batches = self.train_loader.micro_batches(iteration)

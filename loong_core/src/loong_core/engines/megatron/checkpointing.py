@@ -14,6 +14,14 @@ def _model_sharded_state(engine) -> dict:
     return {f"model{i}": chunk.module.sharded_state_dict() for i, chunk in enumerate(chunks)}
 
 
+def _load_model_state(engine, loaded: dict) -> None:
+    if len(engine.model) == 1:
+        engine.model[0].module.load_state_dict(loaded["model"], strict=True)
+        return
+    for i, chunk in enumerate(engine.model):
+        chunk.module.load_state_dict(loaded[f"model{i}"], strict=True)
+
+
 def _sharded_state(engine, is_loading: bool) -> dict:
     state = _model_sharded_state(engine)
     # The optimizer maps its params through the (nested) model state of every chunk.
@@ -40,11 +48,7 @@ def load(engine, directory: str) -> dict:
     state["scheduler"] = None
     state["loong"] = None
     loaded = dist_checkpointing.load(state, directory)
-    if len(engine.model) == 1:
-        engine.model[0].module.load_state_dict(loaded["model"], strict=True)
-    else:
-        for i, chunk in enumerate(engine.model):
-            chunk.module.load_state_dict(loaded[f"model{i}"], strict=True)
+    _load_model_state(engine, loaded)
     with torch.no_grad():
         engine.optimizer.load_state_dict(loaded["optimizer"])
     engine.scheduler.load_state_dict(loaded["scheduler"])
@@ -57,11 +61,7 @@ def load_model_only(engine, directory: str) -> None:
 
     state = _model_sharded_state(engine)
     loaded = dist_checkpointing.load(state, directory)
-    if len(engine.model) == 1:
-        engine.model[0].module.load_state_dict(loaded["model"], strict=True)
-    else:
-        for i, chunk in enumerate(engine.model):
-            chunk.module.load_state_dict(loaded[f"model{i}"], strict=True)
+    _load_model_state(engine, loaded)
     # The optimizer holds its own fp32 copies when it shards state; refresh them from the model.
     reload = getattr(engine.optimizer, "reload_model_params", None)
     if reload is not None:

@@ -28,8 +28,11 @@ class MegatronEngine(Engine):
 
     def setup(self) -> None:
         from megatron.core import parallel_state as ps
-        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-        from megatron.core.distributed import finalize_model_grads
+        from megatron.core.distributed import (
+            DistributedDataParallel,
+            DistributedDataParallelConfig,
+            finalize_model_grads,
+        )
 
         p = self.config.parallel
         self.mcore_config = self.provider.megatron_config(parallel.transformer_kwargs(p))

@@ -1,0 +1,57 @@
+"""Configs are validated before anything is built; errors name the path, choices and a fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from loong_core.config.compose import load_config
+from loong_core.config.schema import LoongConfig
+from loong_core.errors import ConfigError
+
+
+def test_experiment_composes_into_typed_config(toy_site):
+    cfg = load_config(["experiment=toy", "model.hidden_size=64", "trainer.train_iters=7"])
+    assert isinstance(cfg, LoongConfig)
+    assert type(cfg.model).__name__ == "ToyModelConfig"
+    assert cfg.model.hidden_size == 64
+    assert cfg.trainer.train_iters == 7
+    assert cfg.parallel.tensor_model_parallel_size == 1
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("trainer.trian_iters=3", ["Unknown key 'trainer.trian_iters'", "Did you mean 'train_iters'?"]),
+    ("model.hiden_size=3", ["Unknown key 'model.hiden_size'", "Did you mean 'hidden_size'?", "ToyModelConfig"]),
+    ("trainer.train_iters=abc", ["'trainer.train_iters' = 'abc'", "expected int"]),
+    ("optim.lr_decay_style=cosin", ["'optim.lr_decay_style'", "Did you mean 'cosine'?", "linear"]),
+    ("model.name=toy_gtp", ["Unknown model 'toy_gtp'", "Did you mean 'toy_gpt'?", "Installed: toy_gpt"]),
+    ("data.balancer=greedy", ["Unknown balancer 'greedy'", "at 'data.balancer'", "Installed: none"]),
+    ("parallel.engine=megatrom", ["Unknown engine 'megatrom'", "Did you mean 'megatron'?"]),
+    ("model.dropout=high", ["'model.dropout' = 'high'", "float | null"]),
+    ("device=cdua", ["Unknown option 'cdua' for config group 'device'", "Did you mean 'cuda'?"]),
+    ("trainer.global_batch_size=6", ["multiple of 'trainer.micro_batch_size'"]),
+])
+def test_bad_value_gives_one_clear_error(toy_site, override, expected):
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(["experiment=toy", override])
+    for fragment in expected:
+        assert fragment in str(excinfo.value)
+
+
+def test_missing_model_says_how_to_choose_one(toy_site):
+    with pytest.raises(ConfigError, match=r"'model.name' is not set.*Installed: toy_gpt"):
+        load_config(["experiment=toy", "~model"])
+
+
+def test_megatron_names_are_the_parallel_keys():
+    from dataclasses import fields
+
+    from loong_core.config.schema import OptimConfig, ParallelConfig, TrainerConfig
+
+    names = {f.name for cls in (ParallelConfig, OptimConfig, TrainerConfig) for f in fields(cls)}
+    for megatron_name in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+                          "virtual_pipeline_model_parallel_size", "context_parallel_size",
+                          "expert_model_parallel_size", "sequence_parallel",
+                          "use_distributed_optimizer", "micro_batch_size", "global_batch_size",
+                          "lr", "min_lr", "lr_warmup_iters", "lr_decay_style", "train_iters",
+                          "clip_grad", "weight_decay", "recompute_granularity"):
+        assert megatron_name in names

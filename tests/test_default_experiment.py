@@ -1,0 +1,31 @@
+"""The default experiment (real model, real corpus) learns; a short version of `loong train`."""
+
+from __future__ import annotations
+
+import math
+
+from loong_core.testing import read_metrics, run_train
+
+
+def test_default_experiment_validation_loss_falls(tmp_path):
+    run_dir = tmp_path / "run"
+    run_train([f"trainer.run_dir={run_dir}", "trainer.train_iters=40", "trainer.eval_interval=20",
+               "trainer.eval_iters=2", "trainer.log_interval=20", "optim.lr_warmup_iters=5"])
+    valid = read_metrics(run_dir, "valid")
+    assert [r["step"] for r in valid] == [20, 40]
+    # uniform guessing over the 4096-token vocabulary costs ln(4096) = 8.3 nats
+    assert valid[-1]["loss"] < math.log(4096) - 1.5
+    assert valid[-1]["loss"] < valid[0]["loss"]
+    assert (run_dir / "checkpoints" / "iter_0000040" / "loong_complete.json").is_file()
+    assert any(p.name.startswith("events.out.tfevents") for p in (run_dir / "tensorboard").iterdir())
+    train = read_metrics(run_dir, "train")
+    assert all(r["tokens_per_sec"] > 0 and 0 < r["mfu"] < 1 for r in train)
+
+
+def test_nan_loss_stops_with_a_clear_error(tmp_path):
+    proc = run_train(["experiment=llama_debug", f"trainer.run_dir={tmp_path / 'nan'}",
+                      "optim.lr=1e30", "optim.clip_grad=0.0", "trainer.train_iters=20",
+                      "trainer.eval_interval=0"], check=False)
+    assert proc.returncode == 2
+    assert "loss is nan" in proc.stderr.lower() or "loss is inf" in proc.stderr.lower()
+    assert "trainer.resume=auto" in proc.stderr
