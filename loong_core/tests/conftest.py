@@ -55,6 +55,8 @@ def toy_site(tmp_path, monkeypatch):
     (conf / "experiment" / "toy.yaml").write_text(
         "# @package _global_\nname: toy\nmodel:\n  name: toy_gpt\ndata:\n  name: toy_tokens\n")
     monkeypatch.syspath_prepend(str(site))
+    # Only core and the test plugins: results must not depend on what else is installed.
+    monkeypatch.setenv("LOONG_PLUGINS", "toy,broken,dupe,typo")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])))
     for name in [m for m in sys.modules if m.startswith("loong_toy")]:
         del sys.modules[name]

@@ -16,18 +16,14 @@ import torch
 from loong_core.devices import mcore_cpu
 mcore_cpu.apply([{patches}])
 from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
-torch.manual_seed(0)
 tracker = get_cuda_rng_tracker()
 tracker.add("model-parallel-rng", 1234)
-with tracker.fork():
-    a = torch.rand(3)
+torch.manual_seed(0)
+default_stream = torch.rand(3)
 torch.manual_seed(0)
 with tracker.fork():
-    b = torch.rand(3)
-torch.manual_seed(99)
-with tracker.fork():
-    c = torch.rand(3)
-print("fork_is_independent_of_default_stream" if torch.equal(b, c) else "fork_follows_default_stream")
+    forked = torch.rand(3)
+print("fork_follows_default_stream" if torch.equal(forked, default_stream) else "fork_is_independent_of_default_stream")
 """
 
 

@@ -28,7 +28,7 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
-def _coerce(value: Any, tp: Any, path: str) -> Any:
+def _coerce(value: Any, tp: Any, path: str, registry: Registry | None = None) -> Any:
     """Return ``value`` checked (and losslessly converted) against type ``tp``."""
     origin = typing.get_origin(tp)
     if tp is Any:
@@ -42,7 +42,7 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
             if arg is _NONE:
                 continue
             try:
-                return _coerce(value, arg, path)
+                return _coerce(value, arg, path, registry)
             except ConfigError as exc:
                 errors.append(exc)
         raise ConfigError(f"'{path}' = {value!r} is not a {_type_name(tp)}.")
@@ -64,7 +64,7 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
             raise ConfigError(f"'{path}' = {value!r} must be a mapping.")
         return dict(value)
     if dataclasses.is_dataclass(tp):
-        return build_dataclass(tp, value, path)
+        return build_dataclass(tp, value, path, registry)
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -122,7 +122,7 @@ def build_dataclass(cls: type, data: Any, path: str, registry: Registry | None =
         value = data[name]
         if value == "???":
             raise ConfigError(f"Missing value for '{key_path}': set it in YAML or as {key_path}=...")
-        value = _coerce(value, hints[name], key_path)
+        value = _coerce(value, hints[name], key_path, registry)
         kind = f.metadata.get("registry")
         if registry is not None and kind and value:
             try:
