@@ -10,6 +10,9 @@ class ModelProvider:
 
     Attributes:
         engines: Engine names this model supports.
+        reported_metrics: Names in the dict that ``loss_func`` returns; each value is a
+            ``[sum, count]`` pair summed over micro batches and data-parallel ranks, reported as
+            ``sum / count`` (``loss`` is the training loss).
     """
 
     engines: tuple[str, ...] = ("megatron",)
@@ -33,6 +36,11 @@ class ModelProvider:
                              vp_stage: int | None) -> Any:
         """Build the model chunk for one (virtual) pipeline stage."""
         raise NotImplementedError
+
+    def initialize_weights(self, chunks: list[Any]) -> None:
+        """Called once after the model chunks are built, before they are wrapped for DDP and the
+        optimizer exists: load pretrained weights here (for example ``init_from_hf``). Default:
+        keep the random initialisation."""
 
     def forward_step(self, model: Any, batch: dict) -> tuple[Any, Any]:
         """Run one micro batch: returns ``(output, loss_func)`` as megatron's schedules expect.

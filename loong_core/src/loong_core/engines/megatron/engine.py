@@ -48,6 +48,7 @@ class MegatronEngine(Engine):
             ))
         for chunk in chunks:
             chunk.to(self.device.torch_device)
+        self.provider.initialize_weights(chunks)
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True,
             overlap_grad_reduce=p.overlap_grad_reduce,

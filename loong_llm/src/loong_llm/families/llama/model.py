@@ -67,7 +67,9 @@ class LlamaProvider(ModelProvider):
         )
 
     def forward_step(self, model, batch: dict):
-        output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
+        # attention_mask (optional, [b, 1, s, s], True = masked) keeps packed documents apart.
+        output = model(batch["tokens"], batch["position_ids"], batch.get("attention_mask"),
+                       labels=batch["labels"])
         loss_mask = batch["loss_mask"].float()
 
         def loss_func(per_token_loss):
