@@ -63,7 +63,7 @@ class Entry:
         """Import and return the target object."""
         try:
             return import_ref(self.target)
-        except ImportError as exc:
+        except (ImportError, AttributeError) as exc:
             raise PluginError(
                 f"{self.kind} '{self.name}' from {self.distribution} could not be imported "
                 f"({self.target}): {exc}. Install the missing package or disable the plugin with "
