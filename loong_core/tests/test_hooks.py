@@ -32,7 +32,7 @@ def test_core_registers_its_builtins_through_the_public_hooks():
     core = next(i for i in system.infos if i.name == "core")
     assert core.module == builtin.__name__
     assert set(core.registered["device"]) == {"cpu", "cuda"}
-    assert core.registered["engine"] == ["megatron"]
+    assert core.registered["engine"] == ["megatron", "torch"]
     assert system.config_search_path()[0] == "pkg://loong_core.conf"
 
 

@@ -17,12 +17,18 @@ def loong_register_devices(register):
 def loong_register_engines(register):
     register("megatron", "loong_core.engines.megatron.engine:MegatronEngine",
              description="megatron-core: TP/PP/VPP/SP/EP, its DDP and distributed optimizer")
+    register("torch", "loong_core.engines.torch_native.engine:TorchEngine",
+             description="PyTorch DDP / FSDP2 / HSDP, activation checkpointing, DCP checkpoints")
 
 
 @hookimpl
 def loong_register_balancers(register):
     register("none", "loong_core.data.balancers:contiguous",
              description="contiguous equal-count split of each global batch")
+    register("greedy", "loong_core.data.balancers:greedy",
+             description="longest-first into the least loaded rank, equal counts per rank")
+    register("kk_swap", "loong_core.data.balancers:kk_swap",
+             description="best of Karmarkar-Karp and greedy + swap refinement, equal counts; never worse than greedy")
 
 
 @hookimpl

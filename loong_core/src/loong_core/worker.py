@@ -9,12 +9,12 @@ import sys
 def main() -> int:
     """Train with the overrides on the command line; exit code 2 on a loong error."""
     from loong_core.errors import LoongError
+    from loong_core.logs import quiet_third_party
     from loong_core.runtime import train
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
-    for noisy in ("megatron", "megatron.core"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    quiet_third_party()
     try:
         train(sys.argv[1:])
     except LoongError as exc:

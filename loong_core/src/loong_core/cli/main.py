@@ -8,6 +8,7 @@ import sys
 
 from loong_core import __version__
 from loong_core.errors import LoongError
+from loong_core.logs import quiet_third_party
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,8 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         datefmt="%H:%M:%S",
     )
     if not args.verbose:
-        for noisy in ("megatron", "megatron.core", "torch.distributed"):
-            logging.getLogger(noisy).setLevel(logging.WARNING)
+        quiet_third_party()
     if not getattr(args, "func", None):
         parser.print_help()
         return 0

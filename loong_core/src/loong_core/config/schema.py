@@ -51,7 +51,7 @@ class ParallelConfig:
     """Parallel layout (Megatron names).
 
     Attributes:
-        engine: Registered engine (``megatron``).
+        engine: Registered engine (``megatron`` or ``torch``).
         tensor_model_parallel_size: TP size.
         pipeline_model_parallel_size: PP size.
         virtual_pipeline_model_parallel_size: Model chunks per pipeline rank (interleaved 1F1B).
@@ -65,6 +65,17 @@ class ParallelConfig:
         recompute_method: ``uniform`` or ``block`` (full recompute only).
         recompute_num_layers: Layers per recompute unit (full recompute only).
         recompute_modules: Modules recomputed in selective mode (``core_attn``, ``layernorm``...).
+        data_parallel_sharding: Torch engine only: ``ddp`` (replicate parameters, all-reduce
+            gradients), ``fsdp`` (FSDP2 ``fully_shard`` over all data-parallel ranks) or ``hsdp``
+            (2-D mesh: shard within groups of ``data_parallel_shard_size`` ranks, replicate
+            across groups).
+        data_parallel_shard_size: Ranks per sharding group with ``hsdp`` (must divide the world
+            size); None means all ranks (then ``hsdp`` equals ``fsdp``).
+        activation_checkpointing: Torch engine only: recompute each block the model declares
+            (``ModelProvider.torch_blocks``) in the backward instead of keeping its activations.
+        mixed_precision: Torch engine only: compute dtype. ``auto`` is ``bf16`` where the device
+            supports it (CUDA) and ``fp32`` elsewhere (CPU); parameters, gradient reduction and
+            optimizer state stay fp32.
     """
 
     engine: str = registered("engine", default="megatron")
@@ -81,6 +92,10 @@ class ParallelConfig:
     recompute_method: Optional[Literal["uniform", "block"]] = None
     recompute_num_layers: Optional[int] = None
     recompute_modules: Optional[list[str]] = None
+    data_parallel_sharding: Literal["ddp", "fsdp", "hsdp"] = "ddp"
+    data_parallel_shard_size: Optional[int] = None
+    activation_checkpointing: bool = False
+    mixed_precision: Literal["auto", "fp32", "bf16"] = "auto"
 
 
 @dataclass

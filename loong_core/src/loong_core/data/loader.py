@@ -2,7 +2,9 @@
 
 Global batch ``i`` is the samples ``[i*G, (i+1)*G)`` of the dataset (wrapping around), so the data
 position of a run is just its iteration count and a resumed run sees exactly the same batches.
-A data balancer assigns the samples of each global batch to data-parallel ranks.
+A data balancer assigns the samples of each global batch to data-parallel ranks, every rank the
+same number (see :mod:`loong_core.data.balancers`); the loader checks that no sample is lost or
+duplicated and keeps the balancing effect of the last batch in ``last_balance_stats``.
 """
 
 from __future__ import annotations
@@ -11,6 +13,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+
+from loong_core.data.balancers import BalanceStats, balance_stats, check_assignment
+from loong_core.data.cost_model import CostModel
 
 
 def collate(samples: Sequence[dict]) -> dict:
@@ -37,13 +42,20 @@ class GlobalBatchLoader:
         dp_rank: This rank's data-parallel index.
         dp_size: Data-parallel ranks.
         balancer: ``(costs, num_ranks) -> indices per rank``.
-        cost: Cost of a sample for the balancer; None means every sample costs the same and the
-            balancer sees unit costs without loading other ranks' samples.
-        offset: Index of the first sample (validation passes use different offsets).
+        cost: Size of a sample for the balancer (its token length); None means every sample costs
+            the same and the balancer sees unit costs without loading other ranks' samples.
+        cost_model: Turns the sizes from ``cost`` into costs (``a*L^2 + b*L + c``); None uses the
+            sizes as they are.
+
+    Attributes:
+        last_balance_stats: Max/mean rank cost before (contiguous split) and after balancing of
+            the last global batch :meth:`micro_batches` loaded; None before the first one or
+            when ``cost`` is None. ``last_balance_stats.metrics()`` is ready to log.
     """
 
     def __init__(self, dataset: Any, global_batch_size: int, micro_batch_size: int, dp_rank: int,
-                 dp_size: int, balancer: Callable, cost: Callable[[dict], float] | None = None):
+                 dp_size: int, balancer: Callable, cost: Callable[[dict], float] | None = None,
+                 cost_model: CostModel | None = None):
         if global_batch_size % (micro_batch_size * dp_size):
             raise ValueError(
                 f"global_batch_size {global_batch_size} is not a multiple of micro_batch_size "
@@ -53,7 +65,8 @@ class GlobalBatchLoader:
         self.global_batch_size = global_batch_size
         self.micro_batch_size = micro_batch_size
         self.dp_rank, self.dp_size = dp_rank, dp_size
-        self.balancer, self.cost = balancer, cost
+        self.balancer, self.cost, self.cost_model = balancer, cost, cost_model
+        self.last_balance_stats: BalanceStats | None = None
         self.num_micro_batches = global_batch_size // (micro_batch_size * dp_size)
 
     def global_indices(self, iteration: int) -> list[int]:
@@ -70,13 +83,13 @@ class GlobalBatchLoader:
         else:
             cache = {i: self.dataset[i] for i in indices}
             costs = [float(self.cost(cache[i])) for i in indices]
+            if self.cost_model is not None:
+                costs = self.cost_model.cost(costs).tolist()
         assignment = self.balancer(costs, self.dp_size)
+        check_assignment(assignment, len(indices), self.dp_size)
+        if self.cost is not None:
+            self.last_balance_stats = balance_stats(costs, assignment)
         mine = [indices[j] for j in assignment[self.dp_rank]]
-        if len(mine) != self.num_micro_batches * self.micro_batch_size:
-            raise ValueError(
-                f"balancer gave DP rank {self.dp_rank} {len(mine)} samples; every rank needs "
-                f"{self.num_micro_batches * self.micro_batch_size}"
-            )
         samples = [cache[i] if i in cache else self.dataset[i] for i in mine]
         m = self.micro_batch_size
         return [collate(samples[k: k + m]) for k in range(0, len(samples), m)]

@@ -49,6 +49,38 @@ class ModelProvider:
         """
         raise NotImplementedError
 
+    # -- torch engine ------------------------------------------------------------------------
+    def build_torch_model(self) -> Any:
+        """Build the whole model as a ``torch.nn.Module`` on the CPU in fp32 (torch engine).
+
+        The engine moves it to the device, then wraps it (DDP / FSDP2). Its ``state_dict`` keys
+        are what checkpoints store, so a model built from a reference library (transformers,
+        diffusers) keeps that library's layout.
+        """
+        raise NotImplementedError
+
+    def torch_blocks(self, model: Any) -> list[Any]:
+        """The repeated blocks of ``model`` (transformer layers): each becomes its own FSDP2 unit
+        and, with ``parallel.activation_checkpointing``, is recomputed in the backward. Default:
+        none (the whole model is one unit)."""
+        return []
+
+    def torch_forward_step(self, model: Any, batch: dict) -> tuple[Any, Any, dict]:
+        """Run one micro batch on the torch engine.
+
+        Args:
+            model: The wrapped model (call it; do not reach into the wrapper).
+            batch: The micro batch, tensors already on the device.
+
+        Returns:
+            ``(loss_sum, count, metrics)``: the fp32 sum of per-item losses (a scalar tensor with
+            grad), the number of items it sums (a tensor or number: tokens, samples...), and
+            ``{name: stack([sum, count])}`` for every name in ``reported_metrics`` (detached).
+            The engine divides the summed gradient by the total count over micro batches and
+            data-parallel ranks, so the step minimises the mean loss of the global batch.
+        """
+        raise NotImplementedError
+
     # -- accounting ------------------------------------------------------------------------
     def flops_per_token(self, seq_length: int) -> float:
         """Training FLOPs (forward + backward) per token, for MFU."""

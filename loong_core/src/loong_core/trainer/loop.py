@@ -59,7 +59,15 @@ class Trainer:
     def resume(self, path: Path) -> int:
         """Load a checkpoint; returns the iteration to continue from."""
         record = store.read_record(path)
-        common = self.engine.load_checkpoint(str(path))
+        try:
+            common = self.engine.load_checkpoint(str(path))
+        except Exception as exc:
+            older = [p.name for p in store.list_checkpoints(path.parent) if p != path]
+            raise CheckpointError(
+                f"could not load checkpoint {path}: {type(exc).__name__}: {exc}. It may be corrupt "
+                f"or from another model. Resume from an older one with trainer.resume=<dir> "
+                f"(complete ones here: {', '.join(older) or 'none'}) or start fresh with trainer.resume=none."
+            ) from exc
         if common.get("iteration") != record["iteration"]:
             raise CheckpointError(f"{path}: completion record and checkpoint state disagree.")
         rng = store.load_rng(path, self.run.rank)

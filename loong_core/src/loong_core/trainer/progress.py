@@ -33,8 +33,8 @@ class Progress:
         if enabled and bar and sys.stderr.isatty():
             from tqdm import tqdm
 
-            self._bar = tqdm(total=total, initial=start, desc="train", dynamic_ncols=True,
-                             bar_format="{desc} {n_fmt}/{total_fmt} |{bar}| {postfix}")
+            self._bar = tqdm(total=total, initial=start, dynamic_ncols=True,
+                             bar_format="step {n_fmt}/{total_fmt} |{bar}| {desc}")
 
     def eta(self, step: int) -> float:
         """Seconds left at the average pace since start."""
@@ -56,7 +56,7 @@ class Progress:
             fields["mem"] = f"{metrics['mem_gib']:.1f}G"
         fields["eta"] = _eta(eta) if eta == eta else "?"
         if self._bar is not None:
-            self._bar.set_postfix_str(" ".join(f"{k}={v}" for k, v in fields.items()), refresh=False)
+            self._bar.set_description_str(" ".join(f"{k} {v}" for k, v in fields.items()), refresh=False)
             self._bar.update(step - self._bar.n)
         if log_line:
             text = " | ".join(f"{k} {v}" for k, v in fields.items())

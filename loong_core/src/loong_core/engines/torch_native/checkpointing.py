@@ -1,0 +1,68 @@
+"""Model + optimizer through ``torch.distributed.checkpoint`` (DCP), resharding on load.
+
+Keys are the model's own parameter names (wrapper prefixes removed by DCP's ``get_state_dict``),
+so a checkpoint written with DDP loads with FSDP2 or HSDP at another world size, and the model's
+names stay those of its reference implementation. The schedule and the trainer's common state
+(iteration, consumed samples) go to ``loong_state.pt`` written by rank 0.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+STATE_FILE = "loong_state.pt"
+
+
+def _rank() -> int:
+    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+
+
+def save(engine, directory: str) -> None:
+    """Collective save of model and optimizer shards into the existing ``directory``."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optim_state = get_state_dict(engine.model, engine.optimizer)
+    dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=directory)
+
+
+def save_common(directory: str, scheduler, common_state: dict) -> None:
+    """Rank 0 writes the schedule and the trainer's common state."""
+    if _rank() == 0:
+        torch.save({"scheduler": scheduler.state_dict(), "loong": common_state},
+                   Path(directory) / STATE_FILE)
+
+
+def load(engine, directory: str) -> dict:
+    """Collective load of what :func:`save` and :func:`save_common` wrote; returns the common state."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_state, optim_state = get_state_dict(engine.model, engine.optimizer)
+    state = {"model": model_state, "optimizer": optim_state}
+    dcp.load(state, checkpoint_id=directory)
+    set_state_dict(engine.model, engine.optimizer, model_state_dict=state["model"],
+                   optim_state_dict=state["optimizer"])
+    extra = torch.load(Path(directory) / STATE_FILE, weights_only=False)
+    engine.scheduler.load_state_dict(extra["scheduler"])
+    return extra["loong"]
+
+
+def load_model_only(model, directory: str) -> None:
+    """Load only the model weights (any world size or sharding); works on a plain module too."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    state = {"model": get_model_state_dict(model)}
+    dcp.load(state, checkpoint_id=directory)
+    set_model_state_dict(model, state["model"])
+
+
+def save_model_only(model, directory: str) -> None:
+    """Write a weights-only DCP checkpoint (for example a converted reference model)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=directory)

@@ -1,0 +1,211 @@
+"""The torch engine: DDP / FSDP2 / HSDP follow the one-rank loss curve, and resume is exact."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from loong_core.testing import install_plugin, losses, run_train
+
+PLUGIN = '''
+from loong_core.hookspecs import hookimpl
+
+@hookimpl
+def loong_register_models(register):
+    register("toy_mlp", "loong_torch_toy.model:ToyMLPProvider", config="loong_torch_toy.config:ToyMLPConfig",
+             engines=("torch",))
+
+@hookimpl
+def loong_register_datasets(register):
+    register("toy_regression", "loong_torch_toy.data:ToyRegression", config="loong_torch_toy.config:ToyDataConfig")
+
+@hookimpl
+def loong_on_log_step(run, step, metrics):
+    import os
+    if step == int(os.environ.get("CRASH_AT_STEP", "-1")):
+        os._exit(17)   # a hard crash: no cleanup, no final checkpoint
+
+@hookimpl
+def loong_config_search_path():
+    return "pkg://loong_torch_toy.conf"
+'''
+
+CONFIG = '''
+from dataclasses import dataclass
+from loong_core.config.schema import DataConfig, ModelConfig
+
+@dataclass
+class ToyMLPConfig(ModelConfig):
+    width: int = 32
+    depth: int = 3
+    dropout: float = 0.0
+
+@dataclass
+class ToyDataConfig(DataConfig):
+    features: int = 8
+'''
+
+MODEL = '''
+import torch
+from loong_core.engines.model_provider import ModelProvider
+
+class Block(torch.nn.Module):
+    def __init__(self, width, dropout):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(width)
+        self.fc1, self.fc2 = torch.nn.Linear(width, 4 * width), torch.nn.Linear(4 * width, width)
+        self.dropout = torch.nn.Dropout(dropout)
+
+    def forward(self, x):
+        return x + self.dropout(self.fc2(torch.nn.functional.gelu(self.fc1(self.norm(x)))))
+
+class ToyMLP(torch.nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.inp = torch.nn.Linear(8, c.width)
+        self.blocks = torch.nn.ModuleList(Block(c.width, c.dropout) for _ in range(c.depth))
+        self.out = torch.nn.Linear(c.width, 1)
+
+    def forward(self, x):
+        h = self.inp(x)
+        for block in self.blocks:
+            h = block(h)
+        return self.out(h).squeeze(-1)
+
+class ToyMLPProvider(ModelProvider):
+    engines = ("torch",)
+
+    def build_torch_model(self):
+        return ToyMLP(self.config)
+
+    def torch_blocks(self, model):
+        return list(model.blocks)
+
+    def torch_forward_step(self, model, batch):
+        err = (model(batch["x"]).float() - batch["y"]) ** 2
+        loss_sum = err.sum()
+        count = torch.tensor(float(err.numel()), device=err.device)
+        return loss_sum, count, {"loss": torch.stack([loss_sum.detach(), count])}
+
+    def flops_per_token(self, seq_length):
+        return 0.0
+'''
+
+DATA = '''
+import torch
+
+class Items:
+    def __init__(self, n, seed):
+        self.n, self.seed = n, seed
+        g = torch.Generator().manual_seed(7)
+        self.w = torch.randn(8, generator=g)
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(self.seed * 100003 + i)
+        x = torch.randn(8, generator=g)
+        return {"x": x, "y": torch.tanh(x @ self.w) + 0.5 * x[0] * x[1]}
+
+class ToyRegression:
+    def __init__(self, config):
+        self.config = config
+    def prepare(self): pass
+    def setup(self): pass
+    def model_overrides(self): return {}
+    def build(self, n_train, n_valid, seed):
+        return Items(n_train, seed), Items(n_valid, seed + 1)
+    def sample_cost(self, sample): return 1.0
+'''
+
+EXPERIMENT = """# @package _global_
+name: toy_torch
+model: {name: toy_mlp}
+data: {name: toy_regression}
+parallel: {engine: torch}
+optim: {lr: 1.0e-2, min_lr: 1.0e-3, lr_warmup_iters: 2, clip_grad: 1.0}
+trainer: {train_iters: 6, micro_batch_size: 2, global_batch_size: 8, log_interval: 1,
+          eval_interval: 3, eval_iters: 1, progress_bar: false, tensorboard: false}
+"""
+
+STEPS = 6
+
+
+@pytest.fixture(scope="module")
+def toy_env(tmp_path_factory):
+    site = tmp_path_factory.mktemp("torch_site")
+    install_plugin(site, "loong-torch-toy", "torch_toy", {
+        "loong_torch_toy.plugin": PLUGIN, "loong_torch_toy.config": CONFIG,
+        "loong_torch_toy.model": MODEL, "loong_torch_toy.data": DATA})
+    conf = site / "loong_torch_toy" / "conf"
+    (conf / "experiment").mkdir(parents=True)
+    (conf / "__init__.py").write_text("")
+    (conf / "experiment" / "toy_torch.yaml").write_text(EXPERIMENT)
+    path = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+    return {"PYTHONPATH": path, "LOONG_PLUGINS": "torch_toy"}
+
+
+@pytest.fixture(scope="module")
+def reference(toy_env, tmp_path_factory):
+    root = tmp_path_factory.mktemp("torch_engine")
+    run_train(["experiment=toy_torch", f"trainer.run_dir={root / 'ref'}"], env=toy_env)
+    return losses(root / "ref"), root
+
+
+LAYOUTS = {
+    "ddp2": (2, ["parallel=ddp"]),
+    "fsdp2": (2, ["parallel=fsdp"]),
+    "hsdp2": (2, ["parallel=hsdp", "parallel.data_parallel_shard_size=1"]),
+    "fsdp2_activation_checkpointing": (2, ["parallel=fsdp", "parallel.activation_checkpointing=true"]),
+}
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_loss_curve_matches_one_rank(toy_env, reference, layout):
+    ref, root = reference
+    nproc, overrides = LAYOUTS[layout]
+    run_train(["experiment=toy_torch", *overrides, f"trainer.run_dir={root / layout}"], nproc=nproc, env=toy_env)
+    got = losses(root / layout)
+    assert sorted(got) == list(range(1, STEPS + 1))
+    for step in range(1, STEPS + 1):
+        assert got[step] == pytest.approx(ref[step], abs=1e-5, rel=1e-5), (layout, step, got, ref)
+    assert ref[STEPS] < ref[1]  # it learns, so a frozen model could not pass
+
+
+def test_activation_checkpointing_is_exact_on_one_rank(toy_env, reference):
+    ref, root = reference
+    run_dir = root / "ac1"
+    run_train(["experiment=toy_torch", "parallel.activation_checkpointing=true", f"trainer.run_dir={run_dir}"],
+              env=toy_env)
+    assert losses(run_dir) == ref
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("layout", ["ddp", "fsdp"])
+def test_resume_after_crash_reproduces_losses_bit_for_bit(toy_env, tmp_path, layout):
+    common = ["experiment=toy_torch", f"parallel={layout}", "model.dropout=0.2", "trainer.save_interval=3"]
+    run_train([*common, f"trainer.run_dir={tmp_path / 'full'}"], nproc=2, env=toy_env)
+    reference = losses(tmp_path / "full")
+    crashed = tmp_path / "crashed"
+    proc = run_train([*common, f"trainer.run_dir={crashed}"], nproc=2, env={**toy_env, "CRASH_AT_STEP": "5"},
+                     check=False)
+    assert proc.returncode != 0
+    assert sorted(p.name for p in (crashed / "checkpoints").iterdir()) == ["iter_0000003"]
+    run_train([*common, f"trainer.run_dir={crashed}", "trainer.resume=auto"], nproc=2, env=toy_env)
+    resumed = losses(crashed)
+    assert [resumed[s] for s in range(1, STEPS + 1)] == [reference[s] for s in range(1, STEPS + 1)]
+    assert losses(crashed, "valid") == losses(tmp_path / "full", "valid")
+
+
+@pytest.mark.multirank
+def test_ddp_checkpoint_initialises_an_fsdp2_run(toy_env, reference):
+    _, root = reference
+    init = root / "ref" / "checkpoints" / "iter_0000006"
+    run_dir = root / "init_fsdp"
+    run_train(["experiment=toy_torch", "parallel=fsdp", f"trainer.init_from={init}", "trainer.train_iters=1",
+               "trainer.eval_at_start=true", f"trainer.run_dir={run_dir}"], nproc=2, env=toy_env)
+    # validation before any step evaluates the loaded weights on the same batch as the end of ref
+    assert losses(run_dir, "valid")[0] == pytest.approx(losses(root / "ref", "valid")[6], abs=1e-6)
