@@ -24,7 +24,7 @@ def test_experiment_composes_into_typed_config(toy_site):
     ("trainer.train_iters=abc", ["'trainer.train_iters' = 'abc'", "expected int"]),
     ("optim.lr_decay_style=cosin", ["'optim.lr_decay_style'", "Did you mean 'cosine'?", "linear"]),
     ("model.name=toy_gtp", ["Unknown model 'toy_gtp'", "Did you mean 'toy_gpt'?", "Installed: toy_gpt"]),
-    ("data.balancer=greedy", ["Unknown balancer 'greedy'", "at 'data.balancer'", "Installed: none"]),
+    ("data.balancer=gredy", ["Unknown balancer 'gredy'", "at 'data.balancer'", "Did you mean 'greedy'?"]),
     ("parallel.engine=megatrom", ["Unknown engine 'megatrom'", "Did you mean 'megatron'?"]),
     ("model.dropout=high", ["'model.dropout' = 'high'", "float | null"]),
     ("device=cdua", ["Unknown option 'cdua' for config group 'device'", "Did you mean 'cuda'?"]),

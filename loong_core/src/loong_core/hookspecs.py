@@ -73,7 +73,9 @@ def loong_register_balancers(register: Any) -> None:
 
     ``target`` is a pure function ``balance(costs: Sequence[float], num_ranks: int) ->
     list[list[int]]`` that assigns the sample indices of one global batch to data-parallel
-    ranks: every index appears exactly once.
+    ranks: every index appears exactly once and every rank gets the same number of samples
+    (pipeline schedules need equal micro-batch counts); balancing chooses which samples share a
+    rank. See ``docs/balancers.md``.
 
     Args:
         register: Callable ``register(name, target, **meta)``.

@@ -13,10 +13,14 @@ class ModelProvider:
         reported_metrics: Names in the dict that ``loss_func`` returns; each value is a
             ``[sum, count]`` pair summed over micro batches and data-parallel ranks, reported as
             ``sum / count`` (``loss`` is the training loss).
+        torch_unused_parameters: Torch engine: some parameters get no gradient in a step (for
+            example the text stream of a double-stream DiT's last block); DDP then searches for
+            them every step.
     """
 
     engines: tuple[str, ...] = ("megatron",)
     reported_metrics: tuple[str, ...] = ("loss",)
+    torch_unused_parameters: bool = False
 
     def __init__(self, config: Any):
         self.config = config

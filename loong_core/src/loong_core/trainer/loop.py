@@ -147,6 +147,9 @@ class Trainer:
                     "mfu": tokens_per_sec * self.flops_per_token / self._peak if self._peak else 0.0,
                     **(result.extra or {}), **self.device.memory_stats(),
                 }
+                stats = getattr(self.train_loader, "last_balance_stats", None)
+                if stats is not None:
+                    metrics.update(stats.metrics())
                 log_now = step % cfg.log_interval == 0 or step == cfg.train_iters
                 progress.update(step, metrics, log_line=log_now)
                 if log_now:

@@ -50,7 +50,8 @@ class TorchEngine(Engine):
         module = self.provider.build_torch_model().to(self.device.torch_device)
         self.provider.initialize_weights([module])
         blocks = list(self.provider.torch_blocks(module))
-        self.model = parallelize.wrap(module, blocks, p, self.device, self.layout.world_size, self.dtype)
+        self.model = parallelize.wrap(module, blocks, p, self.device, self.layout.world_size, self.dtype,
+                                      getattr(self.provider, "torch_unused_parameters", False))
         self.optimizer = optim.build_optimizer(self.config, self.model)
         self.scheduler = optim.LRSchedule(self.optimizer, self.config)
         self.metric_names = list(getattr(self.provider, "reported_metrics", ("loss",)))

@@ -53,7 +53,7 @@ def apply_activation_checkpointing(blocks: list[torch.nn.Module]) -> None:
 
 
 def wrap(model: torch.nn.Module, blocks: list[torch.nn.Module], parallel, device, world_size: int,
-         dtype: torch.dtype) -> torch.nn.Module:
+         dtype: torch.dtype, find_unused_parameters: bool = False) -> torch.nn.Module:
     """Return ``model`` wrapped per ``parallel.data_parallel_sharding``.
 
     Args:
@@ -63,6 +63,7 @@ def wrap(model: torch.nn.Module, blocks: list[torch.nn.Module], parallel, device
         device: The device backend.
         world_size: Data-parallel ranks (all ranks).
         dtype: Compute dtype (FSDP2 casts parameters to it for compute, reduces in fp32).
+        find_unused_parameters: DDP: some parameters may get no gradient in a step.
     """
     if parallel.activation_checkpointing:
         if not blocks:
@@ -72,7 +73,7 @@ def wrap(model: torch.nn.Module, blocks: list[torch.nn.Module], parallel, device
         from torch.nn.parallel import DistributedDataParallel
 
         ids = [device.torch_device] if device.torch_device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=ids)
+        return DistributedDataParallel(model, device_ids=ids, find_unused_parameters=find_unused_parameters)
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mesh = build_mesh(parallel, device, world_size)
