@@ -7,7 +7,8 @@ import nox
 nox.options.sessions = ["lint", "tests"]
 nox.options.default_venv_backend = "venv"
 
-PLUGINS = ["loong_llm"]
+PLUGINS = ["loong_llm", "loong_diffusion"]
+EXTRAS = {"loong_llm": "[data]"}
 TORCH = "torch==2.13.0"
 
 
@@ -23,7 +24,7 @@ def tests(session):
     """All packages installed together; the whole suite."""
     session.install(TORCH)
     session.install("-r", "requirements-dev.txt")
-    session.install("-e", "loong_core", *[arg for p in PLUGINS for arg in ("-e", p)])
+    session.install("-e", "loong_core", *[arg for p in PLUGINS for arg in ("-e", p + EXTRAS.get(p, ""))])
     session.run("pytest", *session.posargs)
 
 
@@ -35,5 +36,5 @@ def isolated(session, package):
     session.install("-r", "requirements-dev.txt")
     session.install("-e", "loong_core")
     if package != "loong_core":
-        session.install("-e", package)
+        session.install("-e", package + EXTRAS.get(package, ""))
     session.run("pytest", f"{package}/tests", *session.posargs)

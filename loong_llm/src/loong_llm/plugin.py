@@ -4,12 +4,36 @@ from __future__ import annotations
 
 from loong_core.hookspecs import hookimpl
 
+_F = "loong_llm.families"
+
+# name -> (provider class, config class, HF adapter class, description)
+FAMILIES = {
+    "llama": ("LlamaProvider", "LlamaConfig", "LlamaHFAdapter",
+              "Llama 2/3/3.1: RMSNorm, SwiGLU, RoPE (llama3 scaling), GQA"),
+    "qwen2": ("Qwen2Provider", "Qwen2Config", "Qwen2HFAdapter",
+              "Qwen2/Qwen2.5: Llama-style with qkv bias"),
+    "qwen3": ("Qwen3Provider", "Qwen3Config", "Qwen3HFAdapter",
+              "Qwen3 dense: Llama-style with q/k RMSNorm"),
+    "qwen3_moe": ("Qwen3MoEProvider", "Qwen3MoEConfig", "Qwen3MoEHFAdapter",
+                  "Qwen3-MoE: q/k RMSNorm, top-k softmax router, aux-loss balanced experts"),
+    "deepseek_v3": ("DeepSeekV3Provider", "DeepSeekV3Config", "DeepSeekV3HFAdapter",
+                    "DeepSeek-V3 style: MLA, shared + routed experts, sigmoid router with "
+                    "aux-loss-free bias, first dense layers"),
+}
+
 
 @hookimpl
 def loong_register_models(register):
-    register("llama", "loong_llm.families.llama.model:LlamaProvider",
-             config="loong_llm.families.llama.config:LlamaConfig", engines=("megatron",),
-             description="Llama-style decoder: RMSNorm, SwiGLU, RoPE, GQA")
+    for name, (provider, config, _, description) in FAMILIES.items():
+        register(name, f"{_F}.{name}.model:{provider}", config=f"{_F}.{name}.config:{config}",
+                 engines=("megatron",), description=description)
+
+
+@hookimpl
+def loong_register_checkpoint_adapters(register):
+    for name, (_, _, adapter, _) in FAMILIES.items():
+        register(name, f"{_F}.{name}.hf_adapter:{adapter}",
+                 description=f"Hugging Face <-> loong for the '{name}' family")
 
 
 @hookimpl
@@ -17,6 +41,20 @@ def loong_register_datasets(register):
     register("text", "loong_llm.data.text_data:TextDataModule",
              config="loong_llm.data.config:TextDataConfig",
              description="plain-text corpus -> BPE tokenizer -> megatron indexed dataset")
+    register("indexed", "loong_llm.data.indexed_data:IndexedDataModule",
+             config="loong_llm.data.config:IndexedDataConfig",
+             description="a dataset written by `loong data preprocess` (PREFIX.bin/.idx)")
+    register("chat", "loong_llm.data.chat_data:ChatDataModule",
+             config="loong_llm.data.config:ChatDataConfig",
+             description="chat jsonl / built-in chat corpus: chat template, assistant-only loss, packing")
+
+
+@hookimpl
+def loong_register_cli_commands(register):
+    register("data", "loong_llm.cli.data_cmd:add_parser",
+             description="prepare datasets (loong data preprocess)")
+    register("convert", "loong_llm.cli.convert_cmd:add_parser",
+             description="convert checkpoints between Hugging Face and loong")
 
 
 @hookimpl

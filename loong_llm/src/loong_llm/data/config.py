@@ -53,3 +53,85 @@ class TextDataConfig(DataConfig):
             )
         if self.seq_length < 1:
             raise ConfigError(f"data.seq_length = {self.seq_length} must be positive.")
+
+
+def _check_fraction(name: str, value: float, allow_zero: bool) -> None:
+    low_ok = value >= 0.0 if allow_zero else value > 0.0
+    if not (low_ok and value < 1.0):
+        raise ConfigError(
+            f"{name} = {value} must be in {'[0' if allow_zero else '(0'}, 1), for example 0.05."
+        )
+
+
+@dataclass
+class IndexedDataConfig(DataConfig):
+    """A megatron-core indexed dataset written by ``loong data preprocess``.
+
+    Attributes:
+        prefix: Path of the dataset without extension (``PREFIX.bin`` / ``PREFIX.idx``).
+        tokenizer: Hugging Face ``tokenizer.json`` or tokenizer directory; None uses
+            ``PREFIX.tokenizer/`` that ``loong data preprocess`` saved.
+        valid_prefix: A separate indexed dataset for validation; None holds out
+            ``valid_fraction`` of the documents of ``prefix``.
+        valid_fraction: Fraction of documents held out for validation when ``valid_prefix`` is
+            None (a fixed choice that depends only on the document index).
+    """
+
+    prefix: str = ""
+    tokenizer: Optional[str] = None
+    valid_prefix: Optional[str] = None
+    valid_fraction: float = 0.01
+
+    def __post_init__(self) -> None:
+        if not self.prefix:
+            raise ConfigError(
+                "data.prefix is not set: give the output prefix of `loong data preprocess`, "
+                "e.g. data.prefix=/data/mycorpus (for /data/mycorpus.bin + .idx)."
+            )
+        _check_fraction("data.valid_fraction", self.valid_fraction, allow_zero=False)
+        if self.seq_length < 1:
+            raise ConfigError(f"data.seq_length = {self.seq_length} must be positive.")
+
+
+@dataclass
+class ChatDataConfig(DataConfig):
+    """Chat conversations for supervised fine-tuning, loss on assistant tokens only.
+
+    Attributes:
+        corpus: Built-in chat corpus (``chatterbot``: PyPI chatterbot-corpus, ~2,000 English
+            conversations); ignored when ``path`` is set.
+        path: A JSON-lines file, one conversation per line under ``messages_key``.
+        messages_key: Key of the message list in each JSON line.
+        tokenizer: Hugging Face ``tokenizer.json`` / tokenizer directory with a chat template;
+            None trains a byte-level BPE of ``vocab_size`` on the training conversations and
+            gives it the ChatML template.
+        vocab_size: Vocabulary of the trained BPE (special tokens included).
+        valid_fraction: Fraction of conversations held out for validation.
+        pack: Pack several conversations into each sequence (attention and positions restart at
+            each conversation); False gives one conversation per sequence, padded.
+    """
+
+    corpus: str = "chatterbot"
+    path: Optional[str] = None
+    messages_key: str = "messages"
+    tokenizer: Optional[str] = None
+    vocab_size: int = 2048
+    valid_fraction: float = 0.05
+    pack: bool = True
+
+    def __post_init__(self) -> None:
+        from loong_llm.data.chat import CHAT_CORPORA
+
+        if self.path is None and self.corpus not in CHAT_CORPORA:
+            choices = sorted(CHAT_CORPORA)
+            raise ConfigError(
+                f"Unknown chat corpus '{self.corpus}' in data.corpus.{did_you_mean(self.corpus, choices)} "
+                f"Available: {', '.join(choices)}; or set data.path to a chat jsonl file."
+            )
+        if self.tokenizer is None and self.vocab_size < MIN_VOCAB_SIZE + 2:
+            raise ConfigError(
+                f"data.vocab_size = {self.vocab_size} is too small; use at least {MIN_VOCAB_SIZE + 2}."
+            )
+        _check_fraction("data.valid_fraction", self.valid_fraction, allow_zero=False)
+        if self.seq_length < 2:
+            raise ConfigError(f"data.seq_length = {self.seq_length} must be at least 2.")

@@ -177,6 +177,7 @@ def build_gpt_epochs(
     seq_length: int,
     tokenizer: TextTokenizer,
     path_to_cache: str,
+    documents: Optional[np.ndarray] = None,
 ) -> EpochDataset:
     """Build enough GPTDataset epochs over the indexed dataset at ``prefix``.
 
@@ -193,7 +194,9 @@ def build_gpt_epochs(
         seed: Base seed; epoch ``e`` is shuffled with a seed drawn from ``(seed, split, e)``.
         seq_length: Tokens per sample.
         tokenizer: Supplies ``eod``, ``pad``, ``vocab_size`` and ``unique_identifiers``.
-        path_to_cache: Folder of megatron-core's cached sample/shuffle indices.
+        path_to_cache: Folder of megatron-core's cached sample/shuffle indices. Its cache keys
+            do not cover ``documents``: use one folder per document selection.
+        documents: Indices of the documents to use (int32); None uses all of them.
 
     Returns:
         At least ``num_samples`` samples (whole epochs).
@@ -209,7 +212,9 @@ def build_gpt_epochs(
         raise LoongError(f"No indexed dataset at {prefix}.bin/.idx: call prepare() first.")
     index_split = Split[split]
     indexed = IndexedDataset(prefix, multimodal=False, mmap=True)
-    num_tokens = int(indexed.sequence_lengths.sum())
+    if documents is None:
+        documents = np.arange(indexed.sequence_lengths.shape[0], dtype=np.int32)
+    num_tokens = int(indexed.sequence_lengths[documents].sum())
     epoch_length = (num_tokens - 1) // seq_length  # one extra token for the shifted labels
     if epoch_length < 1:
         raise ConfigError(
@@ -222,7 +227,6 @@ def build_gpt_epochs(
         _drop_broken_index_cache(Path(path_to_cache))
     blend: list = [None, None, None]
     blend[index_split.value] = ([prefix], None)
-    documents = np.arange(indexed.sequence_lengths.shape[0], dtype=np.int32)
     epochs = []
     for epoch in range(num_epochs):
         epoch_seed = np.random.SeedSequence([seed % 2**63, index_split.value, epoch])

@@ -23,11 +23,21 @@ SPECIAL_TOKENS = (EOD_TOKEN, PAD_TOKEN)
 
 
 class TextTokenizer:
-    """A ``tokenizers.Tokenizer`` guaranteed to have an end-of-document and a pad token.
+    """A ``tokenizers.Tokenizer`` with an end-of-document token (and usually a pad token).
+
+    Hugging Face tokenizer files and directories (with their chat template) load through
+    :func:`loong_llm.data.hf_tokenizer.load_tokenizer`.
 
     Args:
-        tokenizer: The wrapped tokenizer. ``<|endoftext|>`` and ``<|pad|>`` are added as special
-            tokens when missing (this grows the vocabulary).
+        tokenizer: The wrapped tokenizer.
+        eod_token: Token that ends every document (``eos_token`` of a Hugging Face tokenizer).
+        pad_token: Padding token, or None when the tokenizer has none.
+        add_missing: Add ``eod_token`` / ``pad_token`` as special tokens when missing (this grows
+            the vocabulary); when False a missing ``eod_token`` is an error and a missing pad
+            token leaves :attr:`pad` at -1.
+        chat_template: Jinja chat template (from ``tokenizer_config.json``), if any.
+        template_tokens: Names the chat template reads besides the messages
+            (``bos_token``, ``eos_token``, ...).
 
     Attributes:
         tokenizer: The wrapped ``tokenizers.Tokenizer``.
@@ -35,17 +45,33 @@ class TextTokenizer:
             pre-token (GPT-2 byte-level pre-tokenizer, no normalizer), so text cut there
             encodes to the same ids piece by piece.
         vocab_size: Number of ids, special tokens included.
-        eod: Id of ``<|endoftext|>``, appended after every document.
-        pad: Id of ``<|pad|>``, distinct from ``eod``.
+        eod: Id of the end-of-document token, appended after every document.
+        pad: Id of the padding token, or -1 when there is none (megatron-core then masks
+            padded positions by that value).
+        chat_template: The Jinja chat template, None when the tokenizer has none.
         unique_identifiers: JSON-able description (class, vocab size, SHA-256 of the serialized
             tokenizer) that megatron-core folds into its dataset cache keys.
     """
 
-    def __init__(self, tokenizer: Tokenizer):
-        missing = [t for t in SPECIAL_TOKENS if tokenizer.token_to_id(t) is None]
-        if missing:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        eod_token: str = EOD_TOKEN,
+        pad_token: str | None = PAD_TOKEN,
+        add_missing: bool = True,
+        chat_template: str | None = None,
+        template_tokens: dict[str, str] | None = None,
+    ):
+        wanted = [t for t in (eod_token, pad_token) if t is not None]
+        missing = [t for t in wanted if tokenizer.token_to_id(t) is None]
+        if missing and add_missing:
             logger.info("Adding special tokens %s to the tokenizer", missing)
             tokenizer.add_special_tokens(missing)
+        elif tokenizer.token_to_id(eod_token) is None:
+            raise ValueError(
+                f"End-of-document token {eod_token!r} is not in the tokenizer's vocabulary; "
+                "set eos_token in tokenizer_config.json or pass another eod_token."
+            )
         self.tokenizer = tokenizer
         pre = tokenizer.pre_tokenizer
         self.splits_at_whitespace: bool = (
@@ -55,8 +81,12 @@ class TextTokenizer:
             and not pre.add_prefix_space
         )
         self.vocab_size: int = tokenizer.get_vocab_size(with_added_tokens=True)
-        self.eod: int = tokenizer.token_to_id(EOD_TOKEN)
-        self.pad: int = tokenizer.token_to_id(PAD_TOKEN)
+        self.eod: int = tokenizer.token_to_id(eod_token)
+        pad_id = tokenizer.token_to_id(pad_token) if pad_token is not None else None
+        # -1 (megatron-core's "no pad token") when the tokenizer has none and none was added.
+        self.pad: int = -1 if pad_id is None else pad_id
+        self.chat_template: str | None = chat_template
+        self.template_tokens: dict[str, str] = dict(template_tokens or {})
         digest = hashlib.sha256(tokenizer.to_str().encode("utf-8")).hexdigest()
         self.unique_identifiers: dict[str, object] = {
             "class": type(self).__name__,

@@ -40,6 +40,24 @@ def save(engine, directory: str, common_state: dict) -> None:
     dist_checkpointing.save(state, directory)
 
 
+def _restore_zero_step(state) -> None:
+    """megatron-core saves Adam's shared ``step`` only when it is non-zero, so the optimizer state
+    of a checkpoint taken before the first step (``loong convert hf-to-loong`` writes one) comes
+    back without it, which torch's Adam rejects; give such per-parameter states ``step = 0``."""
+    if isinstance(state, (list, tuple)):
+        for item in state:
+            _restore_zero_step(item)
+    elif isinstance(state, dict):
+        per_param = state.get("state")
+        if isinstance(per_param, dict) and "common_step" not in per_param:
+            for value in per_param.values():
+                if isinstance(value, dict) and "exp_avg" in value and "step" not in value:
+                    value["step"] = torch.tensor(0.0)
+        for value in state.values():
+            if isinstance(value, (dict, list, tuple)) and value is not per_param:
+                _restore_zero_step(value)
+
+
 def load(engine, directory: str) -> dict:
     """Collective load; returns the ``common_state`` given to :func:`save`."""
     from megatron.core import dist_checkpointing
@@ -49,6 +67,7 @@ def load(engine, directory: str) -> dict:
     state["loong"] = None
     loaded = dist_checkpointing.load(state, directory)
     _load_model_state(engine, loaded)
+    _restore_zero_step(loaded["optimizer"])
     with torch.no_grad():
         engine.optimizer.load_state_dict(loaded["optimizer"])
     engine.scheduler.load_state_dict(loaded["scheduler"])

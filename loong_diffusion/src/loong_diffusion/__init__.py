@@ -1,0 +1,1 @@
+"""loong diffusion plugin: flow-matching DiTs, samplers and image/latent data."""

@@ -1,0 +1,73 @@
+"""Diffusers directory <-> loong checkpoint, bit-exact both ways, for models of ``DiffusersProvider``.
+
+``hf_to_loong`` writes a weights-only DCP checkpoint (usable as ``trainer.init_from``) with the
+diffusers config beside it; ``loong_to_hf`` writes ``config.json`` + safetensors from such a
+checkpoint or from any checkpoint of a training run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import warnings
+from pathlib import Path
+
+from loong_core.checkpoint import store
+
+DIFFUSERS_CONFIG = "diffusers_config.json"
+
+
+def _quiet():
+    """DCP warns that it runs in a single process when no process group exists: intended here."""
+    warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
+
+
+class DiffusersAdapter:
+    """Conversion for one diffusers model class (set ``model_class`` in a subclass)."""
+
+    model_class: str = ""
+
+    def _cls(self):
+        from loong_diffusion.diffusers_dit import import_class
+
+        return import_class(self.model_class)
+
+    def hf_to_loong(self, hf_dir: str | Path, checkpoint_dir: str | Path) -> Path:
+        """Write the diffusers model in ``hf_dir`` as a loong checkpoint directory (atomically)."""
+        from loong_core.engines.torch_native.checkpointing import save_model_only
+        from loong_diffusion.diffusers_dit import load_diffusers_dir
+
+        model = load_diffusers_dir(self._cls(), str(hf_dir))
+        final = Path(checkpoint_dir)
+        partial = final.with_name(final.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        with warnings.catch_warnings():
+            _quiet()
+            save_model_only(model, str(partial))
+        (partial / DIFFUSERS_CONFIG).write_text(json.dumps(dict(model.config), indent=1, default=list))
+        (partial / store.COMPLETE_FILE).write_text(json.dumps({"iteration": 0, "converted_from": str(hf_dir)}))
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(partial, final)
+        return final
+
+    def loong_to_hf(self, checkpoint_dir: str | Path, hf_dir: str | Path) -> Path:
+        """Write a loong checkpoint's weights as a diffusers directory (``save_pretrained``)."""
+        from loong_core.engines.torch_native.checkpointing import load_model_only
+
+        checkpoint_dir = Path(checkpoint_dir)
+        store.read_record(checkpoint_dir)
+        converted = checkpoint_dir / DIFFUSERS_CONFIG
+        if converted.is_file():
+            model = self._cls().from_config(json.loads(converted.read_text()))
+            with warnings.catch_warnings():
+                _quiet()
+                load_model_only(model, str(checkpoint_dir))
+        else:
+            from loong_diffusion.checkpoint_io import load_trained
+
+            _, _, model = load_trained(checkpoint_dir)
+        model.save_pretrained(str(hf_dir))
+        return Path(hf_dir)

@@ -1,0 +1,1 @@
+"""``loong`` subcommands of the diffusion plugin (light modules: no torch at import)."""

@@ -1,0 +1,1 @@
+"""Diffusion datasets: real digit images and synthetic latents with text embeddings."""

@@ -1,0 +1,1 @@
+"""A small class-conditional DiT (adaLN-Zero blocks) for images that fit on a CPU."""

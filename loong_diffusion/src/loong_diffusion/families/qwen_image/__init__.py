@@ -1,0 +1,1 @@
+"""Qwen-Image MMDiT through diffusers' ``QwenImageTransformer2DModel``."""

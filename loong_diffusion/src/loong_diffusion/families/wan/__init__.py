@@ -1,0 +1,1 @@
+"""Wan 2.1 / 2.2 video DiT through diffusers' ``WanTransformer3DModel``."""

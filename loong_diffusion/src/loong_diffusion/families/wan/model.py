@@ -1,0 +1,30 @@
+"""Wan: latent video ``[B, C, F, H, W]``, text embeddings, timestep ``sigma * 1000``."""
+
+from __future__ import annotations
+
+from loong_diffusion.diffusers_dit import DiffusersProvider
+from loong_diffusion.families.wan.config import WanConfig
+
+
+class WanProvider(DiffusersProvider):
+    """Flow matching on diffusers' ``WanTransformer3DModel``."""
+
+    config: WanConfig
+    model_class = "diffusers:WanTransformer3DModel"
+    block_attr = "blocks"
+
+    def denoise(self, model, x_t, sigmas, condition):
+        text = condition["text_embeds"]
+        if "text_mask" in condition:  # Wan pads prompts with zero embeddings, not an attention mask
+            text = text * condition["text_mask"].unsqueeze(-1).to(text.dtype)
+        return model(hidden_states=x_t, timestep=sigmas * 1000.0, encoder_hidden_states=text,
+                     return_dict=False)[0]
+
+    def latent_tokens(self, latents) -> int:
+        pt, ph, pw = self.config.patch_size
+        _, _, f, h, w = latents.shape
+        return (f // pt) * (h // ph) * (w // pw)
+
+    def flops_per_token(self, seq_length: int) -> float:
+        """Per sample is unknown until the clip size is known; 0 disables MFU."""
+        return 0.0

@@ -1,0 +1,65 @@
+"""``loong convert hf-to-loong | loong-to-hf``: checkpoints between Hugging Face and loong.
+
+Nothing heavy is imported here; the work is in :mod:`loong_llm.hf.convert`.
+"""
+
+from __future__ import annotations
+
+
+def add_parser(subparsers) -> None:
+    """Add the ``convert`` subcommand and its two directions."""
+    p = subparsers.add_parser("convert", help="convert checkpoints between Hugging Face and loong")
+    sub = p.add_subparsers(dest="convert_command", metavar="DIRECTION", required=True)
+    to_loong = sub.add_parser(
+        "hf-to-loong", help="HF directory (config.json + safetensors) -> loong checkpoint",
+        description="Write an iteration-0 loong checkpoint (model + fresh optimizer) sharded for "
+        "the given layout; use it with trainer.init_from=DST or trainer.resume=DST.")
+    to_loong.add_argument("--family", required=True, help="model family (llama, qwen2, qwen3, ...)")
+    to_loong.add_argument("src", metavar="SRC_HF_DIR")
+    to_loong.add_argument("dst", metavar="DST")
+    to_loong.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
+    to_loong.add_argument("--pp", type=int, default=1, help="pipeline-parallel size (default 1)")
+    to_loong.add_argument("--ep", type=int, default=1, help="expert-parallel size (default 1)")
+    to_loong.set_defaults(func=run_hf_to_loong)
+    to_hf = sub.add_parser(
+        "loong-to-hf", help="loong checkpoint -> HF directory loadable by AutoModelForCausalLM")
+    to_hf.add_argument("src", metavar="SRC")
+    to_hf.add_argument("dst", metavar="DST_HF_DIR")
+    to_hf.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
+                       help="storage dtype (default: the source HF model's, else bfloat16)")
+    to_hf.set_defaults(func=run_loong_to_hf)
+
+
+def _check_family(family: str) -> None:
+    from loong_core.errors import ConfigError
+    from loong_core.plugins.registry import did_you_mean
+    from loong_llm.hf.registry import family_names
+
+    names = family_names()
+    if family not in names:
+        raise ConfigError(f"Unknown family '{family}'.{did_you_mean(family, names)} "
+                          f"Families: {', '.join(names)}.")
+
+
+def run_hf_to_loong(args, extra) -> int:
+    """Run ``loong convert hf-to-loong``."""
+    _check_family(args.family)
+    from loong_llm.hf.convert import hf_to_loong
+
+    result = hf_to_loong(args.family, args.src, args.dst, args.tp, args.pp, args.ep)
+    mb = result["bytes"] / 1e6
+    print(f"converted {args.src} -> {args.dst}: {mb:.1f} MB in {result['seconds']:.1f}s "
+          f"({mb / max(result['seconds'], 1e-9):.1f} MB/s)")
+    print(f"train from it: loong train {' '.join(result['overrides'])} trainer.init_from={args.dst}")
+    return 0
+
+
+def run_loong_to_hf(args, extra) -> int:
+    """Run ``loong convert loong-to-hf``."""
+    from loong_llm.hf.convert import loong_to_hf
+
+    result = loong_to_hf(args.src, args.dst, args.dtype)
+    mb = result["bytes"] / 1e6
+    print(f"wrote {args.dst}: {mb:.1f} MB in {result['seconds']:.1f}s "
+          f"({mb / max(result['seconds'], 1e-9):.1f} MB/s)")
+    return 0

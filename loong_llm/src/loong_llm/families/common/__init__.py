@@ -1,0 +1,1 @@
+"""Code shared by the decoder families: config base, provider, RoPE, MoE statistics."""

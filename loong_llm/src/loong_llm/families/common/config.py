@@ -1,0 +1,138 @@
+"""Config base of every decoder-only family (light: no torch import)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional, Union
+
+from loong_core.config.schema import ModelConfig
+
+
+@dataclass
+class RopeScalingConfig:
+    """RoPE frequency scaling, with Hugging Face's ``rope_parameters`` names.
+
+    Attributes:
+        rope_type: ``default`` (none) or ``llama3`` (Llama 3.1 long-context scaling).
+        factor: Scaling factor (``llama3``).
+        low_freq_factor: Wavelengths above ``original_max_position_embeddings / low_freq_factor``
+            are divided by ``factor``.
+        high_freq_factor: Wavelengths below ``original_max_position_embeddings / high_freq_factor``
+            are kept; those between are interpolated.
+        original_max_position_embeddings: Context length of pre-training before scaling.
+    """
+
+    rope_type: str = "default"
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+@dataclass
+class DecoderConfig(ModelConfig):
+    """Decoder-only transformer (Megatron argument names) shared by Llama, Qwen and DeepSeek.
+
+    Attributes:
+        num_layers: Transformer layers.
+        hidden_size: Model width.
+        num_attention_heads: Query heads.
+        num_query_groups: Key/value heads (grouped-query attention); None means one per head.
+        kv_channels: Head dimension; None means ``hidden_size / num_attention_heads``.
+        ffn_hidden_size: SwiGLU inner width; None means ``8/3 * hidden`` rounded up to 64.
+        vocab_size: Tokenizer vocabulary; None takes it from the dataset.
+        make_vocab_size_divisible_by: Pad the embedding rows to a multiple of this (x TP).
+        max_position_embeddings: Longest sequence.
+        rotary_base: RoPE base frequency (HF ``rope_theta``).
+        rope_scaling: RoPE frequency scaling (Llama 3.1).
+        norm_epsilon: RMSNorm epsilon.
+        init_method_std: Std of the normal initialisation.
+        hidden_dropout: Dropout after attention / MLP.
+        attention_dropout: Dropout on attention probabilities.
+        untie_embeddings_and_output_weights: Separate output projection (Llama 2/3 8B+).
+        add_qkv_bias: Bias on the query/key/value projection (Qwen2).
+        qk_layernorm: RMSNorm over each query/key head before RoPE (Qwen3).
+        init_from_hf: Hugging Face model directory (config.json + safetensors) whose weights
+            initialise the model at the start of the run; its architecture fields override
+            these (checked against the registered family).
+    """
+
+    num_layers: int = 4
+    hidden_size: int = 256
+    num_attention_heads: int = 4
+    num_query_groups: Optional[int] = None
+    kv_channels: Optional[int] = None
+    ffn_hidden_size: Optional[int] = None
+    vocab_size: Optional[int] = None
+    make_vocab_size_divisible_by: int = 128
+    max_position_embeddings: int = 2048
+    rotary_base: float = 10000.0
+    rope_scaling: RopeScalingConfig = field(default_factory=RopeScalingConfig)
+    norm_epsilon: float = 1.0e-5
+    init_method_std: float = 0.02
+    hidden_dropout: float = 0.0
+    attention_dropout: float = 0.0
+    untie_embeddings_and_output_weights: bool = False
+    add_qkv_bias: bool = False
+    qk_layernorm: bool = False
+    init_from_hf: Optional[str] = None
+
+    def resolved_ffn_hidden_size(self) -> int:
+        """The SwiGLU width actually used."""
+        if self.ffn_hidden_size:
+            return self.ffn_hidden_size
+        return ((8 * self.hidden_size // 3) + 63) // 64 * 64
+
+    def head_dim(self) -> int:
+        """Per-head width of queries, keys and values."""
+        return self.kv_channels or self.hidden_size // self.num_attention_heads
+
+    def padded_vocab_size(self, tensor_parallel: int) -> int:
+        """Embedding rows: ``vocab_size`` rounded up to a multiple of ``make_vocab_size_divisible_by``
+        and of the TP size, so that checkpoints keep their shapes when TP changes (TP <= 128)."""
+        if self.vocab_size is None:
+            raise ValueError("model.vocab_size is unknown: set it or use a dataset that provides it")
+        multiple = math.lcm(self.make_vocab_size_divisible_by, tensor_parallel)
+        return (self.vocab_size + multiple - 1) // multiple * multiple
+
+
+@dataclass
+class MoEDecoderConfig(DecoderConfig):
+    """A decoder whose MLPs are (partly) mixtures of experts (megatron-core MoE names).
+
+    Attributes:
+        num_experts: Routed experts per MoE layer.
+        moe_router_topk: Experts per token.
+        moe_ffn_hidden_size: Inner width of each routed expert.
+        moe_shared_expert_intermediate_size: Inner width of the always-on shared expert(s)
+            (0: none).
+        moe_layer_freq: Which layers are MoE: an int ``k`` (every k-th layer) or a 0/1 list per layer.
+        moe_router_score_function: ``softmax`` (Qwen3-MoE) or ``sigmoid`` (DeepSeek-V3).
+        moe_router_pre_softmax: Softmax over all experts before top-k (weights not renormalised);
+            False renormalises the top-k weights.
+        moe_router_topk_scaling_factor: Multiply the routing weights by this (DeepSeek-V3 2.5).
+        moe_router_num_groups: Expert groups for group-limited routing (None: off).
+        moe_router_group_topk: Groups each token may route to.
+        moe_router_enable_expert_bias: Aux-loss-free balancing bias added to scores for selection.
+        moe_router_bias_update_rate: Step of the expert-bias update.
+        moe_router_load_balancing_type: ``aux_loss``, ``seq_aux_loss`` or ``none``.
+        moe_aux_loss_coeff: Weight of the load-balancing loss.
+        moe_token_dispatcher_type: megatron-core dispatcher: ``alltoall`` or ``allgather``.
+    """
+
+    num_experts: int = 4
+    moe_router_topk: int = 2
+    moe_ffn_hidden_size: Optional[int] = None
+    moe_shared_expert_intermediate_size: int = 0
+    moe_layer_freq: Union[int, list[int]] = 1
+    moe_router_score_function: str = "softmax"
+    moe_router_pre_softmax: bool = False
+    moe_router_topk_scaling_factor: Optional[float] = None
+    moe_router_num_groups: Optional[int] = None
+    moe_router_group_topk: Optional[int] = None
+    moe_router_enable_expert_bias: bool = False
+    moe_router_bias_update_rate: float = 1.0e-3
+    moe_router_load_balancing_type: str = "aux_loss"
+    moe_aux_loss_coeff: float = 1.0e-3
+    moe_token_dispatcher_type: str = "alltoall"

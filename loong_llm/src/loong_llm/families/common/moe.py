@@ -1,0 +1,131 @@
+"""Mixture-of-experts support shared by the MoE families: megatron-core MoE config, block spec,
+per-step router statistics and the HF expert mapping."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loong_llm.families.common.provider import DecoderProvider
+from loong_llm.hf.mapping import Rule
+
+ROUTER_METRICS = ("moe_imbalance", "moe_min_load")
+
+
+class RouterStats:
+    """Counts the tokens each router of a model chunk sends to each expert.
+
+    A forward hook on every ``TopKRouter`` records ``routing_map.sum(0)``; :meth:`pop` turns the
+    counts of one micro batch into ``[sum, count]`` pairs averaged over layers:
+    ``moe_imbalance`` = max / mean tokens per expert (1.0 is perfectly balanced) and
+    ``moe_min_load`` = min / mean. Only the layers of the rank that computes the loss (the last
+    pipeline stage) are counted.
+    """
+
+    def __init__(self):
+        self.counts: list = []
+
+    def attach(self, model) -> None:
+        """Hook every router of ``model``."""
+        from megatron.core.transformer.moe.router import TopKRouter
+
+        for module in model.modules():
+            if isinstance(module, TopKRouter):
+                module.register_forward_hook(self._hook)
+
+    def _hook(self, module, inputs, output) -> None:
+        _, routing_map = output
+        self.counts.append(routing_map.detach().sum(dim=0).float())
+
+    def pop(self) -> dict:
+        """The statistics of the micro batch just run (and forget its counts)."""
+        import torch
+
+        counts, self.counts = self.counts, []
+        if not counts:
+            return {}
+        stacked = torch.stack(counts)  # [layers, experts]
+        mean = stacked.mean(dim=1).clamp_min(1e-9)
+        n = float(len(counts))
+        return {
+            "moe_imbalance": torch.stack([(stacked.max(dim=1).values / mean).sum(), torch.tensor(n)]),
+            "moe_min_load": torch.stack([(stacked.min(dim=1).values / mean).sum(), torch.tensor(n)]),
+        }
+
+
+class MoEProvider(DecoderProvider):
+    """A decoder whose MLPs are megatron-core MoE layers (SequentialMLP experts, top-k router,
+    alltoall/allgather token dispatcher, expert parallel via ``parallel.expert_model_parallel_size``)."""
+
+    reported_metrics = ("loss", *ROUTER_METRICS)
+
+    def __init__(self, config):
+        super().__init__(config)
+        self._router_stats: dict[int, RouterStats] = {}
+
+    def family_transformer_kwargs(self) -> dict[str, Any]:
+        c = self.config
+        return dict(
+            num_moe_experts=c.num_experts,
+            moe_router_topk=c.moe_router_topk,
+            moe_ffn_hidden_size=c.moe_ffn_hidden_size or c.resolved_ffn_hidden_size(),
+            moe_shared_expert_intermediate_size=c.moe_shared_expert_intermediate_size or None,
+            moe_layer_freq=c.moe_layer_freq,
+            moe_router_score_function=c.moe_router_score_function,
+            moe_router_pre_softmax=c.moe_router_pre_softmax,
+            moe_router_topk_scaling_factor=c.moe_router_topk_scaling_factor,
+            moe_router_num_groups=c.moe_router_num_groups,
+            moe_router_group_topk=c.moe_router_group_topk,
+            moe_router_enable_expert_bias=c.moe_router_enable_expert_bias,
+            moe_router_bias_update_rate=c.moe_router_bias_update_rate,
+            moe_router_load_balancing_type=c.moe_router_load_balancing_type,
+            moe_aux_loss_coeff=c.moe_aux_loss_coeff,
+            moe_token_dispatcher_type=c.moe_token_dispatcher_type,
+            moe_grouped_gemm=False,
+        )
+
+    def layer_spec(self, config, vp_stage):
+        """Block spec: dense or MoE layers by ``moe_layer_freq``, local modules."""
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+
+        return get_gpt_decoder_block_spec(config, use_transformer_engine=False,
+                                          normalization="RMSNorm", vp_stage=vp_stage)
+
+    def build_megatron_model(self, config, pre_process, post_process, vp_stage):
+        model = super().build_megatron_model(config, pre_process, post_process, vp_stage)
+        stats = RouterStats()
+        stats.attach(model)
+        self._router_stats[id(model)] = stats
+        return model
+
+    def step_metrics(self, model) -> dict:
+        inner = model
+        while id(inner) not in self._router_stats and hasattr(inner, "module"):
+            inner = inner.module
+        stats = self._router_stats.get(id(inner))
+        return stats.pop() if stats is not None else {}
+
+    def mlp_params_per_layer(self) -> float:
+        c = self.config
+        expert = c.moe_ffn_hidden_size or c.resolved_ffn_hidden_size()
+        active = c.moe_router_topk * expert + (c.moe_shared_expert_intermediate_size or 0)
+        return 3 * c.hidden_size * active + c.hidden_size * c.num_experts
+
+
+def moe_layer_pattern(config) -> list[int]:
+    """1 for an MoE layer, 0 for a dense one, per layer (from ``moe_layer_freq``)."""
+    freq = config.moe_layer_freq
+    if isinstance(freq, int):
+        return [1 if i % freq == 0 else 0 for i in range(config.num_layers)]
+    return list(freq)
+
+
+def expert_rules(hf_mlp: str = "model.layers.{i}.mlp.") -> list[Rule]:
+    """Router and routed experts in HF's per-expert layout (``experts.E.{gate,up,down}_proj``)."""
+    lm = "decoder.layers.{i}.mlp."
+    ex = lm + "experts.local_experts.{e}."
+    hx = hf_mlp + "experts.{e}."
+    return [
+        Rule(lm + "router.weight", (hf_mlp + "gate.weight",)),
+        Rule(ex + "linear_fc1.weight", (hx + "gate_proj.weight", hx + "up_proj.weight"), "gate_up"),
+        Rule(ex + "linear_fc2.weight", (hx + "down_proj.weight",)),
+    ]

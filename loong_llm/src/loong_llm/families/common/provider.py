@@ -1,0 +1,164 @@
+"""The provider every decoder family shares: TransformerConfig, GPTModel, loss, HF init."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from loong_core.engines.model_provider import ModelProvider
+from loong_core.errors import ConfigError
+from loong_llm.families.common import rope
+from loong_llm.families.common.config import DecoderConfig
+
+logger = logging.getLogger(__name__)
+
+
+class DecoderProvider(ModelProvider):
+    """Builds a decoder-only family as a megatron-core GPTModel on the local (no-TE) spec.
+
+    Families subclass it and override :meth:`family_transformer_kwargs` / :meth:`layer_spec`.
+    ``family`` names the registered HF checkpoint adapter used by ``model.init_from_hf``.
+    """
+
+    engines = ("megatron",)
+    family = "llama"
+    config: DecoderConfig
+
+    def __init__(self, config: DecoderConfig):
+        super().__init__(config)
+        if config.init_from_hf:
+            from loong_llm.hf.registry import get_adapter
+
+            adapter = get_adapter(self.family)
+            adapter.apply_hf_config(config, config.init_from_hf)
+
+    def apply_data_overrides(self, overrides: dict[str, Any]) -> None:
+        """Take the dataset's vocabulary unless the model already has one at least as large."""
+        overrides = dict(overrides)
+        data_vocab = overrides.pop("vocab_size", None)
+        if data_vocab is not None:
+            if self.config.vocab_size is None or not self.config.init_from_hf:
+                self.config.vocab_size = data_vocab
+            elif data_vocab > self.config.vocab_size:
+                raise ConfigError(
+                    f"the dataset's tokenizer has {data_vocab} tokens but the model loaded from "
+                    f"{self.config.init_from_hf} has vocab_size {self.config.vocab_size}; use the "
+                    f"model's tokenizer for the data.")
+        super().apply_data_overrides(overrides)
+
+    # -- megatron-core ---------------------------------------------------------------------
+    def family_transformer_kwargs(self) -> dict[str, Any]:
+        """Extra ``TransformerConfig`` fields of the family (MoE, MLA...)."""
+        return {}
+
+    def transformer_config_class(self):
+        """``TransformerConfig`` or a subclass (MLA)."""
+        from megatron.core.transformer.transformer_config import TransformerConfig
+
+        return TransformerConfig
+
+    def megatron_config(self, parallel_kwargs: dict):
+        c = self.config
+        return self.transformer_config_class()(
+            num_layers=c.num_layers,
+            hidden_size=c.hidden_size,
+            num_attention_heads=c.num_attention_heads,
+            num_query_groups=c.num_query_groups,
+            kv_channels=c.kv_channels,
+            ffn_hidden_size=c.resolved_ffn_hidden_size(),
+            normalization="RMSNorm",
+            layernorm_epsilon=c.norm_epsilon,
+            gated_linear_unit=True,
+            activation_func=torch.nn.functional.silu,
+            add_bias_linear=False,
+            add_qkv_bias=c.add_qkv_bias,
+            qk_layernorm=c.qk_layernorm,
+            hidden_dropout=c.hidden_dropout,
+            attention_dropout=c.attention_dropout,
+            init_method_std=c.init_method_std,
+            use_cpu_initialization=True,
+            params_dtype=torch.float32,
+            bias_activation_fusion=False,
+            masked_softmax_fusion=False,
+            apply_rope_fusion=False,
+            gradient_accumulation_fusion=False,
+            **self.family_transformer_kwargs(),
+            **parallel_kwargs,
+        )
+
+    def layer_spec(self, config, vp_stage):
+        """megatron-core layer (or block) spec: local modules, RMSNorm, optional q/k norm."""
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+        return get_gpt_layer_local_spec(normalization="RMSNorm",
+                                        qk_layernorm=self.config.qk_layernorm)
+
+    def build_megatron_model(self, config, pre_process: bool, post_process: bool, vp_stage):
+        from megatron.core.models.gpt import GPTModel
+
+        c = self.config
+        model = GPTModel(
+            config=config,
+            transformer_layer_spec=self.layer_spec(config, vp_stage),
+            vocab_size=c.padded_vocab_size(config.tensor_model_parallel_size),
+            max_sequence_length=c.max_position_embeddings,
+            pre_process=pre_process,
+            post_process=post_process,
+            share_embeddings_and_output_weights=not c.untie_embeddings_and_output_weights,
+            position_embedding_type="rope",
+            rotary_base=c.rotary_base,
+            vp_stage=vp_stage,
+        )
+        rope.apply_to_model(model, c.head_dim(), c.rotary_base, c.rope_scaling)
+        return model
+
+    def initialize_weights(self, chunks: list[Any]) -> None:
+        """Load ``model.init_from_hf`` into the chunks of this rank (random init otherwise)."""
+        if not self.config.init_from_hf:
+            return
+        from loong_llm.hf.load import load_hf_into_chunks
+        from loong_llm.hf.registry import get_adapter
+
+        load_hf_into_chunks(get_adapter(self.family), self.config, chunks, self.config.init_from_hf)
+
+    def forward_step(self, model, batch: dict):
+        # attention_mask (optional, [b, 1, s, s], True = masked) keeps packed documents apart.
+        output = model(batch["tokens"], batch["position_ids"], batch.get("attention_mask"),
+                       labels=batch["labels"])
+        loss_mask = batch["loss_mask"].float()
+
+        def loss_func(per_token_loss):
+            mask = loss_mask.reshape(-1)
+            loss_sum = (per_token_loss.float().reshape(-1) * mask).sum()
+            num_tokens = mask.sum().to(torch.int)
+            metrics = {"loss": torch.stack([loss_sum.detach(), mask.sum()])}
+            metrics.update(self.step_metrics(model))
+            return loss_sum, num_tokens, metrics
+
+        return output, loss_func
+
+    def step_metrics(self, model) -> dict:
+        """Further ``[sum, count]`` pairs reported with the loss (see ``reported_metrics``)."""
+        return {}
+
+    # -- accounting --------------------------------------------------------------------------
+    def mlp_params_per_layer(self) -> float:
+        """Matmul parameters of one layer's MLP that a token passes through."""
+        return 3 * self.config.hidden_size * self.config.resolved_ffn_hidden_size()
+
+    def attention_params_per_layer(self) -> float:
+        """Matmul parameters of one layer's attention."""
+        c = self.config
+        q = c.num_attention_heads * c.head_dim()
+        kv = (c.num_query_groups or c.num_attention_heads) * c.head_dim()
+        return c.hidden_size * (q + 2 * kv) + q * c.hidden_size
+
+    def flops_per_token(self, seq_length: int) -> float:
+        """6 x parameters (matmuls) + attention scores, forward + backward (PaLM appendix B)."""
+        c = self.config
+        per_layer = self.attention_params_per_layer() + self.mlp_params_per_layer()
+        matmul_params = c.num_layers * per_layer + (c.vocab_size or 0) * c.hidden_size
+        attention = 2 * c.num_layers * seq_length * c.num_attention_heads * c.head_dim()
+        return 6.0 * matmul_params + 6.0 * attention

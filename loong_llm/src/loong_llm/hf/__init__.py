@@ -1,0 +1,1 @@
+"""Hugging Face interop: per-family name-mapping tables, transforms, loading and export."""

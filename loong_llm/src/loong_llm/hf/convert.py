@@ -1,0 +1,266 @@
+"""Offline conversion HF <-> loong checkpoint (the work behind ``loong convert``).
+
+``hf-to-loong`` builds the model with the megatron engine at the requested TP / PP / EP (one
+process per rank, through torchrun when more than one), loads the HF tensors one at a time into
+each rank's shards and writes an iteration-0 loong checkpoint (model, fresh optimizer and
+scheduler) through the trainer's atomic checkpoint store, so it works with both
+``trainer.init_from=DST`` and ``trainer.resume=DST``. ``loong-to-hf`` loads any loong checkpoint
+into a one-rank model (dist_checkpointing reshards) and streams it out as safetensors shards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from loong_core.errors import CheckpointError, ConfigError
+
+logger = logging.getLogger(__name__)
+
+HF_FILES = "hf_files"  # tokenizer / generation config of the source, kept inside the checkpoint
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+
+
+def free_port() -> int:
+    """A free TCP port on localhost."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _init_single_rank():
+    """Device backend + a one-rank gloo group (when not launched by torchrun)."""
+    import torch
+
+    from loong_core.devices.select import select_device
+
+    if "RANK" not in os.environ:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0",
+                          WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+    device = select_device("cpu", int(os.environ.get("LOCAL_RANK", 0)), None)
+    device.setup()
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group(device.dist_backend)
+    return device
+
+
+def _model_entry(family: str):
+    from loong_core.plugins import get_plugin_system
+
+    registry = get_plugin_system().registry()
+    return registry.get("model", family), registry.get("checkpoint_adapter", family).load()()
+
+
+def _copy_extra_files(src: Path, dst: Path) -> None:
+    """Tokenizer and generation files (everything but weights, their index and config.json)."""
+    dst.mkdir(parents=True, exist_ok=True)
+    for path in src.iterdir():
+        if path.is_file() and not path.name.endswith(_WEIGHT_SUFFIXES) and path.name not in (
+                "config.json", "model.safetensors.index.json"):
+            shutil.copy2(path, dst / path.name)
+
+
+# -- HF -> loong ---------------------------------------------------------------------------
+def _init_fresh_optimizer_state(optimizer) -> None:
+    """Give every parameter the state of an Adam that has not stepped yet (zero moments, step 0),
+    so the checkpoint has optimizer state to resume from and resuming equals starting fresh."""
+    import torch
+
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = getattr(opt, "optimizer", None)
+        init = getattr(opt, "init_state_fn", None)
+        if inner is None or init is None or isinstance(inner, torch.optim.SGD):
+            continue
+        init(inner, getattr(opt, "config", None))
+        for state in inner.state.values():
+            state.setdefault("step", torch.tensor(0.0))
+
+
+def hf_to_loong_rank(family: str, src: str, dst: str, tp: int, pp: int, ep: int) -> None:
+    """One rank of ``hf-to-loong`` (every rank of the job calls it)."""
+    import numpy as np
+    import torch
+
+    from loong_core.checkpoint import store
+    from loong_core.config.schema import LoongConfig, ParallelConfig
+    from loong_core.engines.megatron.engine import MegatronEngine
+    from loong_llm.hf.adapter import read_hf_config
+    from loong_llm.hf.io import SafetensorsReader
+
+    device = _init_single_rank()
+    entry, _ = _model_entry(family)
+    cfg = entry.load_meta("config")(name=family, init_from_hf=str(src))
+    provider = entry.load()(cfg)  # reads config.json into cfg
+    config = LoongConfig(name=f"convert_{family}", model=cfg, parallel=ParallelConfig(
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+        expert_model_parallel_size=ep))
+    engine = MegatronEngine(config, device, provider)
+    engine.init_parallel()
+    engine.setup()  # builds the chunks and loads the HF weights into them
+    _init_fresh_optimizer_state(engine.optimizer)
+    rank = torch.distributed.get_rank()
+    model = {**dataclasses.asdict(cfg), "init_from_hf": None}
+    record = {
+        "layout": {"world_size": torch.distributed.get_world_size(), "tp": tp, "pp": pp,
+                   "vpp": None, "ep": ep},
+        "name": config.name, "model": model, "hf_config": read_hf_config(src),
+        "hf_dtype": SafetensorsReader(src).dtype(), "converted_from": str(Path(src).resolve()),
+    }
+    rng = {"python": random.getstate(), "numpy": np.random.get_state(),
+           "torch": torch.get_rng_state(), "device": device.rng_state(),
+           "engine": engine.rng_state()}
+    dst_path = Path(dst)
+    staging = dst_path.with_name(dst_path.name + ".converting")
+    common = {"iteration": 0, "consumed_samples": 0}
+    final = store.save_collective(staging, 0, lambda d: engine.save_checkpoint(d, common),
+                                  record, rng)
+    if rank == 0:
+        _copy_extra_files(Path(src), final / HF_FILES)
+        if dst_path.exists():
+            shutil.rmtree(dst_path)
+        os.replace(final, dst_path)
+        shutil.rmtree(staging, ignore_errors=True)
+    torch.distributed.barrier()
+    engine.shutdown()
+
+
+def hf_to_loong(family: str, src: str, dst: str, tp: int = 1, pp: int = 1, ep: int = 1) -> dict:
+    """Convert an HF directory into a loong checkpoint at ``dst`` (torchrun for > 1 rank).
+
+    Returns:
+        ``{"seconds", "bytes", "overrides"}``: wall time, bytes of HF tensors, and the
+        ``loong train`` overrides that describe the model.
+    """
+    from loong_llm.hf.io import SafetensorsReader
+
+    src_path = Path(src)
+    entry, adapter = _model_entry(family)
+    adapter.check_model_type(json.loads((src_path / "config.json").read_text())
+                             if (src_path / "config.json").is_file() else {},
+                             str(src_path / "config.json"))
+    reader = SafetensorsReader(src_path)
+    total = sum(reader.get_size(k) for k in reader.keys())
+    started = time.perf_counter()
+    world = tp * pp * ep
+    if world == 1:
+        hf_to_loong_rank(family, src, dst, 1, 1, 1)
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world),
+               "--master-port", str(free_port()), "-m", "loong_llm.hf.convert", "hf-to-loong-rank",
+               family, str(src), str(dst), str(tp), str(pp), str(ep)]
+        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        result = subprocess.run(cmd, env=env)
+        if result.returncode:
+            raise CheckpointError(f"conversion failed on {world} ranks (exit {result.returncode}): "
+                                  f"{' '.join(cmd)}")
+    record = json.loads((Path(dst) / "loong_complete.json").read_text())
+    return {"seconds": time.perf_counter() - started, "bytes": total,
+            "overrides": model_overrides(record["model"], entry.load_meta("config"))}
+
+
+def model_overrides(model: dict, config_class) -> list[str]:
+    """``model=NAME model.key=value ...`` for the fields that differ from the class defaults."""
+    defaults = dataclasses.asdict(config_class())
+    out = [f"model={model['name']}"]
+
+    def walk(prefix, value, default):
+        if isinstance(value, dict):
+            for key, sub in value.items():
+                walk(f"{prefix}.{key}", sub, (default or {}).get(key))
+        elif value != default and prefix != "model.name":
+            out.append(f"{prefix}={json.dumps(value) if isinstance(value, list) else value}")
+
+    walk("model", model, defaults)
+    return out
+
+
+# -- loong -> HF ---------------------------------------------------------------------------
+def _model_config_of(src: Path) -> tuple[dict, dict | None, str | None, Path | None]:
+    """``(model config, HF config.json base, HF dtype, source HF files)`` of a checkpoint."""
+    from loong_core.checkpoint import store
+
+    record = store.read_record(src)
+    if "model" in record:
+        files = src / HF_FILES
+        return (record["model"], record.get("hf_config"), record.get("hf_dtype"),
+                files if files.is_dir() else None)
+    run_config = src.parent.parent / "config.yaml"
+    if not run_config.is_file():
+        raise ConfigError(f"{src} does not say which model it holds: neither its completion record "
+                          f"nor {run_config} (the run's config) has a model section.")
+    import yaml
+
+    model = yaml.safe_load(run_config.read_text())["model"]
+    hf_dir = model.get("init_from_hf")
+    if hf_dir and (Path(hf_dir) / "config.json").is_file():
+        from loong_llm.hf.io import SafetensorsReader
+
+        base = json.loads((Path(hf_dir) / "config.json").read_text())
+        return model, base, SafetensorsReader(hf_dir).dtype(), Path(hf_dir)
+    return model, None, None, None
+
+
+def loong_to_hf(src: str, dst: str, dtype: str | None = None) -> dict:
+    """Write the loong checkpoint ``src`` as an HF directory ``dst`` (one process).
+
+    Returns:
+        ``{"seconds", "bytes"}``.
+    """
+    import torch
+    from megatron.core import dist_checkpointing
+
+    from loong_core.config.schema import ParallelConfig
+    from loong_core.config.validate import build_dataclass
+    from loong_core.engines.megatron import parallel
+    from loong_llm.hf.export import export_state
+
+    started = time.perf_counter()
+    src_path = Path(src)
+    model_dict, hf_base, hf_dtype, extra = _model_config_of(src_path)
+    entry, adapter = _model_entry(model_dict["name"])
+    cfg = build_dataclass(entry.load_meta("config"), {**model_dict, "init_from_hf": None}, "model")
+    _init_single_rank()
+    provider = entry.load()(cfg)
+    p = ParallelConfig()
+    parallel.initialize(p, seed=0)
+    model = provider.build_megatron_model(provider.megatron_config(parallel.transformer_kwargs(p)),
+                                          pre_process=True, post_process=True, vp_stage=None)
+    loaded = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(src_path))
+    model.load_state_dict(loaded["model"], strict=True)
+    with torch.no_grad():
+        written = export_state(adapter, cfg, model.state_dict(), dst,
+                               dtype or hf_dtype or "bfloat16", hf_base)
+    if extra is not None:
+        _copy_extra_files(extra, Path(dst))
+    return {"seconds": time.perf_counter() - started, "bytes": written}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m loong_llm.hf.convert hf-to-loong-rank FAMILY SRC DST TP PP EP`` (torchrun)."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("action", choices=["hf-to-loong-rank"])
+    parser.add_argument("family")
+    parser.add_argument("src")
+    parser.add_argument("dst")
+    parser.add_argument("tp", type=int)
+    parser.add_argument("pp", type=int)
+    parser.add_argument("ep", type=int)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if os.environ.get("RANK", "0") == "0" else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    hf_to_loong_rank(args.family, args.src, args.dst, args.tp, args.pp, args.ep)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""Declarative HF <-> loong name mapping: one :class:`Rule` per tensor family, plus transforms.
+
+Loong names are megatron-core GPTModel state-dict names with *global* indices (layer ``{i}``,
+expert ``{e}``), e.g. ``decoder.layers.{i}.mlp.linear_fc1.weight``. A rule says which HF tensors
+make up one loong tensor and how (``kind``):
+
+- ``copy``: the same tensor.
+- ``vocab``: embedding / output rows; padded with zero rows to the padded vocabulary on the way
+  in, cut back to ``vocab_size`` on the way out.
+- ``qkv``: HF ``q``, ``k``, ``v`` projections (weight or bias) interleaved by query group: for each
+  group its query heads, then its key head, then its value head (megatron-core's layout).
+- ``gate_up``: HF ``gate`` and ``up`` stacked as ``[gate; up]``; under TP rank r holds
+  ``[gate_r; up_r]``.
+- ``rope_rows``: rows in blocks of ``block`` whose last ``Shape.rope_dim`` rows are RoPE dims.
+  megatron-core's MLA expects them in interleaved pairs (DeepSeek's original layout) and
+  de-interleaves at run time; a checkpoint in the half-split layout (``rope_interleave=false``) is
+  interleaved on the way in (row ``2i`` <- ``i``, ``2i+1`` <- ``d/2+i``) and split back on export.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+KINDS = ("copy", "vocab", "qkv", "gate_up", "rope_rows")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One loong tensor and the HF tensors it is made of.
+
+    Attributes:
+        loong: Loong name template (``{i}`` layer, ``{e}`` expert).
+        hf: HF name templates, in the order the transform expects.
+        kind: Transform (see module docstring).
+        export: Whether loong -> HF writes it (False for the tied output layer).
+        block: Rows per block (``rope_rows`` only).
+    """
+
+    loong: str
+    hf: tuple[str, ...]
+    kind: str = "copy"
+    export: bool = True
+    block: int = 0
+
+    def regex(self) -> re.Pattern:
+        """Pattern matching concrete loong names of this rule."""
+        pattern = re.escape(self.loong).replace(r"\{i\}", r"(?P<i>\d+)").replace(r"\{e\}", r"(?P<e>\d+)")
+        return re.compile(f"^{pattern}$")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the transforms need to know of the model.
+
+    Attributes:
+        num_heads: Query heads.
+        num_groups: Key/value heads.
+        head_dim: Per-head width.
+        vocab_size: True vocabulary (HF rows).
+        rope_dim: RoPE width of ``rope_rows`` tensors.
+    """
+
+    num_heads: int
+    num_groups: int
+    head_dim: int
+    vocab_size: int
+    rope_dim: int = 0
+
+
+class RuleSet:
+    """The rules of one model, with lookup from concrete loong names."""
+
+    def __init__(self, rules: list[Rule], shape: Shape):
+        self.rules = list(rules)
+        self.shape = shape
+        self._compiled = [(rule, rule.regex()) for rule in self.rules]
+
+    def match(self, loong_name: str) -> tuple[Rule, list[str]]:
+        """The rule of ``loong_name`` and its concrete HF names; KeyError when none matches."""
+        for rule, regex in self._compiled:
+            m = regex.match(loong_name)
+            if m:
+                values = m.groupdict()
+                return rule, [h.format(**values) for h in rule.hf]
+        raise KeyError(loong_name)
+
+    def _rope_perm(self, rule: Rule, inverse: bool):
+        import torch
+
+        d = self.shape.rope_dim
+        perm = torch.cat([torch.arange(0, d, 2), torch.arange(1, d, 2)])
+        if inverse:
+            perm = torch.argsort(perm)
+        return torch.cat([torch.arange(rule.block - d), rule.block - d + perm])
+
+    def _permute_blocks(self, rule: Rule, t, inverse: bool):
+        rest = t.shape[1:]
+        blocks = t.reshape(-1, rule.block, *rest)
+        return blocks[:, self._rope_perm(rule, inverse)].reshape(-1, *rest)
+
+    # -- transforms ------------------------------------------------------------------------
+    def to_loong(self, rule: Rule, tensors: list, rows: int | None = None):
+        """Full (unsharded) loong tensor from the HF tensors; ``rows``: padded vocabulary."""
+        import torch
+
+        if rule.kind == "copy":
+            return tensors[0]
+        if rule.kind == "vocab":
+            (t,) = tensors
+            if rows is not None and rows > t.shape[0]:
+                pad = torch.zeros((rows - t.shape[0], *t.shape[1:]), dtype=t.dtype)
+                t = torch.cat([t, pad])
+            return t
+        if rule.kind == "gate_up":
+            return torch.cat(tensors, dim=0)
+        if rule.kind == "rope_rows":
+            return self._permute_blocks(rule, tensors[0], inverse=True)
+        if rule.kind == "qkv":
+            q, k, v = tensors
+            s = self.shape
+            rest = q.shape[1:]
+            per_group = s.num_heads // s.num_groups * s.head_dim
+            q = q.reshape(s.num_groups, per_group, *rest)
+            k = k.reshape(s.num_groups, s.head_dim, *rest)
+            v = v.reshape(s.num_groups, s.head_dim, *rest)
+            return torch.cat([q, k, v], dim=1).reshape(-1, *rest)
+        raise ValueError(f"unknown mapping kind {rule.kind!r}; kinds: {', '.join(KINDS)}")
+
+    def to_hf(self, rule: Rule, full) -> list:
+        """HF tensors (in ``rule.hf`` order) from the full loong tensor."""
+        if rule.kind == "copy":
+            return [full]
+        if rule.kind == "vocab":
+            return [full[: self.shape.vocab_size]]
+        if rule.kind == "gate_up":
+            return list(full.chunk(2, dim=0))
+        if rule.kind == "rope_rows":
+            return [self._permute_blocks(rule, full, inverse=False)]
+        if rule.kind == "qkv":
+            s = self.shape
+            rest = full.shape[1:]
+            per_group = s.num_heads // s.num_groups * s.head_dim
+            grouped = full.reshape(s.num_groups, per_group + 2 * s.head_dim, *rest)
+            q, k, v = grouped.split([per_group, s.head_dim, s.head_dim], dim=1)
+            return [t.reshape(-1, *rest) for t in (q, k, v)]
+        raise ValueError(f"unknown mapping kind {rule.kind!r}; kinds: {', '.join(KINDS)}")
+
+    @staticmethod
+    def shard(rule: Rule, full, partition_dim: int | None, rank: int, size: int):
+        """This TP rank's part of ``full`` (``partition_dim`` None: replicated)."""
+        if partition_dim is None or size == 1:
+            return full
+        if rule.kind == "gate_up":
+            import torch
+
+            gate, up = full.chunk(2, dim=0)
+            return torch.cat([gate.chunk(size, dim=0)[rank], up.chunk(size, dim=0)[rank]])
+        return full.chunk(size, dim=partition_dim)[rank]

@@ -1,0 +1,67 @@
+"""Our families compute the same function as transformers' reference: logits of a tiny random
+model loaded through ``model.init_from_hf`` match within 1e-4 (fp32) at TP1, TP2, PP2 and EP2."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from loong_llm.hf.convert import free_port
+from loong_llm.hf.testing import write_hf_model
+
+FAMILIES = ["llama", "qwen2", "qwen3", "qwen3_moe"]
+MOE = ["qwen3_moe"]
+LAYOUTS = {"tp1": (1, []), "tp2": (2, ["--tp", "2"]), "pp2": (2, ["--pp", "2"]),
+           "ep2": (2, ["--ep", "2"])}
+TOLERANCE = 1e-4
+
+
+@pytest.fixture(scope="module")
+def hf_dirs(tmp_path_factory):
+    """One tiny random HF model per family, in a directory named after it."""
+    root = tmp_path_factory.mktemp("hf")
+    return {family: write_hf_model(family, root / family, seed=i) for i, family in enumerate(FAMILIES)}
+
+
+@pytest.fixture(scope="module")
+def parity(hf_dirs, tmp_path_factory):
+    """``layout -> {family: max abs diff}``, one torchrun job per layout (run on first use)."""
+    cache: dict[str, dict] = {}
+
+    def run(layout: str) -> dict:
+        if layout not in cache:
+            nproc, flags = LAYOUTS[layout]
+            families = MOE if layout == "ep2" else FAMILIES
+            out = tmp_path_factory.mktemp("parity") / f"{layout}.json"
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+                   "--master-port", str(free_port()), "-m", "loong_llm.hf.testing", str(out),
+                   *flags, *(str(hf_dirs[f]) for f in families)]
+            result = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                                    env={**os.environ, "OMP_NUM_THREADS": "1"})
+            assert result.returncode == 0, result.stderr[-6000:]
+            cache[layout] = json.loads(out.read_text())
+        return cache[layout]
+
+    return run
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_logits_match_transformers_at_tp1(parity, family):
+    assert parity("tp1")[family] < TOLERANCE
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("layout", ["tp2", "pp2"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_logits_match_transformers_when_sharded(parity, family, layout):
+    assert parity(layout)[family] < TOLERANCE
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("family", MOE)
+def test_moe_logits_match_transformers_at_ep2(parity, family):
+    assert parity("ep2")[family] < TOLERANCE
