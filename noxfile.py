@@ -7,8 +7,8 @@ import nox
 nox.options.sessions = ["lint", "tests"]
 nox.options.default_venv_backend = "venv"
 
-PLUGINS = ["loong_llm", "loong_diffusion"]
-EXTRAS = {"loong_llm": "[data]"}
+PLUGINS = ["loong_llm", "loong_diffusion", "loong_embodied"]
+EXTRAS = {"loong_llm": "[data]", "loong_embodied": "[sim]"}
 TORCH = "torch==2.13.0"
 
 

@@ -98,3 +98,26 @@ def test_misspelled_hook_implementation_is_reported(toy_site):
     install_plugin(toy_site, "loong-typo", "typo", {"loong_typo": MISSPELLED})
     records = plugins_json()
     assert "loong_register_modles" in records["typo"]["error"]
+
+
+GROUPED = '''
+from loong_core.hookspecs import hookimpl
+
+def add_{action}(subparsers):
+    p = subparsers.add_parser("{action}", help="{action} data")
+    p.set_defaults(func=lambda args, extra: print("ran {action}") or 0)
+
+@hookimpl
+def loong_register_cli_commands(register):
+    register("data {action}", "loong_{action}:add_{action}")
+'''
+
+
+def test_two_plugins_add_actions_under_one_command(toy_site, monkeypatch):
+    install_plugin(toy_site, "loong-alpha", "alpha", {"loong_alpha": GROUPED.format(action="alpha")})
+    install_plugin(toy_site, "loong-beta", "beta", {"loong_beta": GROUPED.format(action="beta")})
+    env = {"LOONG_PLUGINS": "alpha,beta"}
+    assert loong("data", "alpha", env=env)[1].strip() == "ran alpha"
+    assert loong("data", "beta", env=env)[1].strip() == "ran beta"
+    code, out, _ = loong("data", "--help", env=env)
+    assert code == 0 and "alpha" in out and "beta" in out

@@ -209,3 +209,44 @@ def test_ddp_checkpoint_initialises_an_fsdp2_run(toy_env, reference):
                "trainer.eval_at_start=true", f"trainer.run_dir={run_dir}"], nproc=2, env=toy_env)
     # validation before any step evaluates the loaded weights on the same batch as the end of ref
     assert losses(run_dir, "valid")[0] == pytest.approx(losses(root / "ref", "valid")[6], abs=1e-6)
+
+
+@pytest.mark.parametrize("style, warmup", [("cosine", 3), ("linear", 0), ("constant", 2)])
+def test_lr_schedule_equals_megatrons(style, warmup):
+    import torch
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    from loong_core.config.schema import LoongConfig
+    from loong_core.engines.torch_native.optim import LRSchedule
+
+    cfg = LoongConfig()
+    cfg.optim.lr, cfg.optim.min_lr, cfg.optim.lr_warmup_iters, cfg.optim.lr_decay_style = 1e-3, 1e-4, warmup, style
+    cfg.trainer.train_iters = 12
+    ours = LRSchedule(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0), cfg)
+    ref_opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    ref = OptimizerParamScheduler(ref_opt, init_lr=0.0 if warmup else 1e-3, max_lr=1e-3, min_lr=1e-4,
+                                  lr_warmup_steps=warmup, lr_decay_steps=12, lr_decay_style=style, start_wd=0.0,
+                                  end_wd=0.0, wd_incr_steps=12, wd_incr_style="constant")
+    for _ in range(15):
+        assert ours.optimizer.param_groups[0]["lr"] == pytest.approx(ref_opt.param_groups[0]["lr"], rel=1e-12)
+        ours.step()
+        ref.step(increment=1)
+
+
+class _MegatronOnly:
+    engines = ("megatron",)
+
+
+def test_torch_engine_rejects_megatron_only_models_and_model_parallel_sizes():
+    from loong_core.config.schema import LoongConfig
+    from loong_core.engines.torch_native.engine import TorchEngine
+    from loong_core.errors import ConfigError
+
+    cfg = LoongConfig()
+    cfg.model.name = "llama"
+    with pytest.raises(ConfigError, match="does not support parallel.engine=torch"):
+        TorchEngine(cfg, None, _MegatronOnly()).init_parallel()
+    cfg.parallel.tensor_model_parallel_size = 2
+    provider = type("P", (), {"engines": ("torch",)})()
+    with pytest.raises(ConfigError, match="tensor_model_parallel_size"):
+        TorchEngine(cfg, None, provider).init_parallel()

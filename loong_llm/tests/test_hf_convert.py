@@ -48,24 +48,27 @@ def assert_same_model(a, b):
     assert ca == cb
 
 
-CASES = {  # name: (family, hf-to-loong flags, source dtype)
-    "llama_bf16": ("llama", [], "bfloat16"),
-    "qwen2": ("qwen2", [], None),
-    "qwen3": ("qwen3", [], None),
-    "qwen3_moe": ("qwen3_moe", [], None),
+CASES = {  # name: (family, hf-to-loong flags, source dtype, config overrides)
+    "llama_bf16": ("llama", [], "bfloat16", {}),
+    "qwen2": ("qwen2", [], None, {}),
+    "qwen3": ("qwen3", [], None, {}),
+    "qwen3_moe": ("qwen3_moe", [], None, {}),
+    "deepseek_v3": ("deepseek_v3", [], None, {}),
+    "deepseek_v3_half_split_rope": ("deepseek_v3", [], None, {"rope_interleave": False}),
 }
 SHARDED = {
-    "qwen2_tp2": ("qwen2", ["--tp", "2"], None),
-    "llama_pp2": ("llama", ["--pp", "2"], None),
-    "qwen3_moe_ep2": ("qwen3_moe", ["--ep", "2"], None),
+    "qwen2_tp2": ("qwen2", ["--tp", "2"], None, {}),
+    "llama_pp2": ("llama", ["--pp", "2"], None, {}),
+    "qwen3_moe_ep2": ("qwen3_moe", ["--ep", "2"], None, {}),
+    "deepseek_v3_tp2": ("deepseek_v3", ["--tp", "2"], None, {}),
 }
 
 
-def _round_trip(tmp_path, family, flags, dtype):
+def _round_trip(tmp_path, family, flags, dtype, overrides):
     import torch
 
     src = write_hf_model(family, tmp_path / "src", seed=3,
-                         dtype=getattr(torch, dtype) if dtype else None)
+                         dtype=getattr(torch, dtype) if dtype else None, **overrides)
     loong("convert", "hf-to-loong", "--family", family, str(src), str(tmp_path / "ckpt"), *flags)
     loong("convert", "loong-to-hf", str(tmp_path / "ckpt"), str(tmp_path / "out"))
     assert_same_model(src, tmp_path / "out")
@@ -87,7 +90,7 @@ def test_exported_moe_model_loads_in_transformers(tmp_path):
     import torch
     import transformers as tf
 
-    src, out = _round_trip(tmp_path, "qwen3_moe", [], None)
+    src, out = _round_trip(tmp_path, "qwen3_moe", [], None, {})
     tokens = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         expected = tf.AutoModelForCausalLM.from_pretrained(src).eval()(tokens).logits
@@ -104,9 +107,14 @@ def test_unknown_family_is_refused_with_the_choices(tmp_path):
 
 
 def test_converted_checkpoint_trains_like_online_hf_loading(tmp_path):
-    """init_from=converted == model.init_from_hf=source (same first loss), and resume works."""
+    """init_from=converted == model.init_from_hf=source, and resuming the converted checkpoint
+    (which stores the run's LR schedule) == starting fresh: same losses step by step."""
     src = write_hf_model("qwen3", tmp_path / "src", seed=5, vocab_size=512)
-    out = loong("convert", "hf-to-loong", "--family", "qwen3", str(src), str(tmp_path / "ckpt"))
+    # the schedule of experiment=qwen3_debug with train_iters=2, stored for the resumed run
+    schedule = ["optim.lr=3.0e-3", "optim.min_lr=3.0e-4", "optim.lr_warmup_iters=2",
+                "trainer.train_iters=2"]
+    out = loong("convert", "hf-to-loong", "--family", "qwen3", str(src), str(tmp_path / "ckpt"),
+                *schedule)
     line = next(x for x in out.splitlines() if x.startswith("train from it:"))
     model_overrides = [o for o in line.split()[4:] if o.startswith("model.")]
     common = ["experiment=qwen3_debug", "trainer.train_iters=2", "trainer.log_interval=1",

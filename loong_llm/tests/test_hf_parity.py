@@ -13,8 +13,8 @@ import pytest
 from loong_llm.hf.convert import free_port
 from loong_llm.hf.testing import write_hf_model
 
-FAMILIES = ["llama", "qwen2", "qwen3", "qwen3_moe"]
-MOE = ["qwen3_moe"]
+FAMILIES = ["llama", "qwen2", "qwen3", "qwen3_moe", "deepseek_v3"]
+MOE = ["qwen3_moe", "deepseek_v3"]
 LAYOUTS = {"tp1": (1, []), "tp2": (2, ["--tp", "2"]), "pp2": (2, ["--pp", "2"]),
            "ep2": (2, ["--ep", "2"])}
 TOLERANCE = 1e-4

@@ -137,7 +137,10 @@ def loong_register_cli_commands(register: Any) -> None:
 
     ``target`` is a ``"module:attr"`` of a function ``add_parser(subparsers) -> None`` that adds
     the subcommand to the argument parser and sets ``func`` as the parser's default. It is
-    imported when the CLI builds its parser, so its module must be light.
+    imported when the CLI builds its parser, so its module must be light. A name with a space,
+    ``"group action"`` (for example ``"data preprocess"``), adds an action under a command that
+    core creates once and several plugins share: ``add_parser`` then receives that command's
+    subparsers.
 
     Args:
         register: Callable ``register(name, target, **meta)``.

@@ -51,10 +51,14 @@ def loong_register_datasets(register):
 
 @hookimpl
 def loong_register_cli_commands(register):
-    register("data", "loong_llm.cli.data_cmd:add_parser",
-             description="prepare datasets (loong data preprocess)")
+    register("data preprocess", "loong_llm.cli.data_cmd:add_parser",
+             description="text / jsonl / parquet -> megatron-core indexed dataset")
     register("convert", "loong_llm.cli.convert_cmd:add_parser",
              description="convert checkpoints between Hugging Face and loong")
+    register("generate", "loong_llm.cli.infer_cmd:add_generate_parser",
+             description="greedy generation from an HF directory or a loong checkpoint")
+    register("eval", "loong_llm.cli.infer_cmd:add_eval_parser",
+             description="perplexity of a text file")
 
 
 @hookimpl

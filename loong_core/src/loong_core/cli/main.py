@@ -11,6 +11,9 @@ from loong_core.errors import LoongError
 from loong_core.logs import quiet_third_party
 
 
+GROUP_HELP = {"data": "prepare datasets", "eval": "evaluate models"}
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Parser with one subcommand per registered ``cli_command`` (imported lazily)."""
     from loong_core.plugins import get_plugin_system
@@ -22,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"loong {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    groups: dict[str, argparse._SubParsersAction] = {}
     system = get_plugin_system()
     for entry in system.registry().entries("cli_command"):
         try:
@@ -29,7 +33,16 @@ def build_parser() -> argparse.ArgumentParser:
         except LoongError as exc:
             logging.getLogger(__name__).warning("%s", exc)
             continue
-        add_parser(subparsers)
+        group, _, action = entry.name.partition(" ")
+        if not action:
+            add_parser(subparsers)
+            continue
+        # "group action": several plugins add actions under one command (``loong data ...``).
+        if group not in groups:
+            group_parser = subparsers.add_parser(group, help=GROUP_HELP.get(group, f"{group} actions"))
+            groups[group] = group_parser.add_subparsers(dest=f"{group}_command", metavar="ACTION",
+                                                        required=True)
+        add_parser(groups[group])
     return parser
 
 

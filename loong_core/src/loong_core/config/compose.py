@@ -84,9 +84,13 @@ def _check_group_overrides(overrides: list[str]) -> None:
 
 def _force(override: str) -> str:
     """``key=value`` -> ``++key=value`` for plain keys, so that a misspelt key reaches the
-    validator (which names it with a did-you-mean) instead of failing inside Hydra."""
+    validator (which names it with a did-you-mean) instead of failing inside Hydra. Group
+    choices with a package or a nested group (``model@model.foundation=qwen3_debug``,
+    ``model/encoder@model.encoder=vit_tiny``) stay as they are."""
     key, sep, _ = override.partition("=")
     if not sep or key[:1] in "+~" or key in GROUPS or key.startswith("hydra."):
+        return override
+    if "@" in key or "/" in key:  # a config-group choice (`group@package=option`), not a key
         return override
     return "++" + override
 

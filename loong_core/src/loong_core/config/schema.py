@@ -17,6 +17,22 @@ def registered(kind: str, default=None, **kwargs):
     return field(default=default, metadata={"registry": kind}, **kwargs)
 
 
+def component(kind: str = "model", base: type | None = None, **kwargs):
+    """A nested component config whose class is chosen by its ``name`` key.
+
+    The nested mapping is validated against the config class that the registered entry
+    ``<kind>/<name>`` declares (its ``config`` metadata), as ``model`` itself is; for example
+    a VLM's ``foundation`` is a :class:`ModelConfig` subclass picked by ``foundation.name``.
+
+    Args:
+        kind: Registry kind of the name.
+        base: Class the chosen config must derive from (default :class:`ModelConfig`).
+        **kwargs: Passed to :func:`dataclasses.field`.
+    """
+    kwargs.setdefault("default_factory", base or ModelConfig)
+    return field(metadata={"component": kind, "component_base": base}, **kwargs)
+
+
 @dataclass
 class ModelConfig:
     """Base of every model component config.

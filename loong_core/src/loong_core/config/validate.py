@@ -122,6 +122,11 @@ def build_dataclass(cls: type, data: Any, path: str, registry: Registry | None =
         value = data[name]
         if value == "???":
             raise ConfigError(f"Missing value for '{key_path}': set it in YAML or as {key_path}=...")
+        component_kind = f.metadata.get("component")
+        if component_kind and registry is not None:
+            base = f.metadata.get("component_base") or ModelConfig
+            kwargs[name] = _component(value, base, component_kind, key_path, registry)
+            continue
         value = _coerce(value, hints[name], key_path, registry)
         kind = f.metadata.get("registry")
         if registry is not None and kind and value:

@@ -41,6 +41,7 @@ class Trainer:
         self.is_logger = run.layout.is_logging_rank
         self.metrics = MetricsWriter(run.run_dir, self.cfg.tensorboard) if self.is_logger else None
         self._last_saved = -1
+        self.last_eval_metrics: dict[str, float] = {}
         self._peak = device.peak_flops(device.default_dtype) * run.world_size
 
     # -- state ---------------------------------------------------------------------------------
@@ -101,16 +102,28 @@ class Trainer:
 
     # -- loop ----------------------------------------------------------------------------------
     def evaluate(self, step: int) -> float:
-        """Mean validation loss over ``eval_iters`` global batches."""
+        """Mean validation loss over ``eval_iters`` global batches.
+
+        Further metrics the model reports (``ModelProvider.reported_metrics``, for example
+        accuracy) are averaged over the batches weighted by their loss tokens and written with it.
+        """
         total, tokens = 0.0, 0.0
+        extra: dict[str, float] = {}
         for k in range(self.cfg.eval_iters):
             result = self.engine.eval_step(self.valid_loader.micro_batches(k))
             total += result.loss * result.tokens
             tokens += result.tokens
+            for name, value in (result.extra or {}).items():
+                extra[name] = extra.get(name, 0.0) + value * result.tokens
         loss = total / tokens if tokens else float("nan")
+        extra = {name: value / tokens for name, value in extra.items()} if tokens else {}
+        self.last_eval_metrics = extra
         if self.metrics is not None:
-            self.metrics.write(step, {"loss": loss, "ppl": math.exp(min(loss, 50))}, split="valid")
+            self.metrics.write(step, {"loss": loss, "ppl": math.exp(min(loss, 50)), **extra}, split="valid")
         return loss
+
+    def _extra_note(self) -> str:
+        return "".join(f", {name} {value:.4f}" for name, value in self.last_eval_metrics.items())
 
     def fit(self, start_iteration: int = 0) -> dict:
         """Train from ``start_iteration`` to ``train_iters``; returns the last metrics."""
@@ -122,7 +135,7 @@ class Trainer:
         window_tokens, window_time = 0.0, 0.0
         try:
             if self.valid_loader is not None and cfg.eval_at_start and start_iteration == 0:
-                progress.note(f"step 0: validation loss {self.evaluate(0):.4f}")
+                progress.note(f"step 0: validation loss {self.evaluate(0):.4f}{self._extra_note()}")
             for iteration in range(start_iteration, cfg.train_iters):
                 step = iteration + 1
                 micro_batches = self.train_loader.micro_batches(iteration)
@@ -161,13 +174,13 @@ class Trainer:
                 if self.valid_loader is not None and cfg.eval_interval and step % cfg.eval_interval == 0:
                     valid = self.evaluate(step)
                     metrics["valid_loss"] = valid
-                    progress.note(f"step {step}: validation loss {valid:.4f}")
+                    progress.note(f"step {step}: validation loss {valid:.4f}{self._extra_note()}")
                 if cfg.save_interval and step % cfg.save_interval == 0 and step != cfg.train_iters:
                     path = self.save(step)
                     progress.note(f"saved checkpoint {path}")
             if self.valid_loader is not None and cfg.eval_interval and "valid_loss" not in metrics:
                 metrics["valid_loss"] = self.evaluate(cfg.train_iters)
-                progress.note(f"final validation loss {metrics['valid_loss']:.4f}")
+                progress.note(f"final validation loss {metrics['valid_loss']:.4f}{self._extra_note()}")
             if cfg.save_at_end or cfg.save_interval:
                 if self._last_saved != cfg.train_iters:
                     path = self.save(cfg.train_iters)

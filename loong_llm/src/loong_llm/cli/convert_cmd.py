@@ -13,13 +13,17 @@ def add_parser(subparsers) -> None:
     to_loong = sub.add_parser(
         "hf-to-loong", help="HF directory (config.json + safetensors) -> loong checkpoint",
         description="Write an iteration-0 loong checkpoint (model + fresh optimizer) sharded for "
-        "the given layout; use it with trainer.init_from=DST or trainer.resume=DST.")
+        "the given layout; use it with trainer.init_from=DST or trainer.resume=DST. A resumed run "
+        "continues the LR schedule stored in the checkpoint: give the run's optim.* / trainer.* "
+        "settings as trailing KEY=VALUE overrides (e.g. optim.lr=3e-4 trainer.train_iters=1000).")
     to_loong.add_argument("--family", required=True, help="model family (llama, qwen2, qwen3, ...)")
     to_loong.add_argument("src", metavar="SRC_HF_DIR")
     to_loong.add_argument("dst", metavar="DST")
     to_loong.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
     to_loong.add_argument("--pp", type=int, default=1, help="pipeline-parallel size (default 1)")
     to_loong.add_argument("--ep", type=int, default=1, help="expert-parallel size (default 1)")
+    to_loong.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                          help="optim.* / trainer.* settings of the stored LR schedule")
     to_loong.set_defaults(func=run_hf_to_loong)
     to_hf = sub.add_parser(
         "loong-to-hf", help="loong checkpoint -> HF directory loadable by AutoModelForCausalLM")
@@ -41,12 +45,29 @@ def _check_family(family: str) -> None:
                           f"Families: {', '.join(names)}.")
 
 
+def _schedule(overrides: list[str]) -> dict:
+    """``["optim.lr=1e-3", ...]`` -> ``{"optim": {"lr": 0.001}}`` (values parsed as YAML)."""
+    import yaml
+
+    from loong_core.errors import ConfigError
+
+    out: dict = {}
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        section, dot, name = key.partition(".")
+        if not sep or not dot:
+            raise ConfigError(f"bad override {item!r}: expected optim.KEY=VALUE or trainer.KEY=VALUE.")
+        out.setdefault(section, {})[name] = yaml.safe_load(value)
+    return out
+
+
 def run_hf_to_loong(args, extra) -> int:
     """Run ``loong convert hf-to-loong``."""
     _check_family(args.family)
     from loong_llm.hf.convert import hf_to_loong
 
-    result = hf_to_loong(args.family, args.src, args.dst, args.tp, args.pp, args.ep)
+    result = hf_to_loong(args.family, args.src, args.dst, args.tp, args.pp, args.ep,
+                         _schedule(args.overrides))
     mb = result["bytes"] / 1e6
     print(f"converted {args.src} -> {args.dst}: {mb:.1f} MB in {result['seconds']:.1f}s "
           f"({mb / max(result['seconds'], 1e-9):.1f} MB/s)")

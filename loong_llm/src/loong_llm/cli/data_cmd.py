@@ -10,10 +10,8 @@ import json
 
 
 def add_parser(subparsers) -> None:
-    """Add the ``data`` subcommand and its ``preprocess`` action."""
-    p = subparsers.add_parser("data", help="prepare datasets (tokenize into indexed datasets)")
-    sub = p.add_subparsers(dest="data_command", metavar="ACTION", required=True)
-    pre = sub.add_parser(
+    """Add the ``preprocess`` action to the shared ``loong data`` command."""
+    pre = subparsers.add_parser(
         "preprocess",
         help="text / jsonl / parquet -> megatron-core indexed dataset (.bin/.idx)",
         description="Tokenize documents into PREFIX.bin/.idx, saving the tokenizer in "

@@ -33,11 +33,13 @@ class HFAdapter:
         family: Registered model name (``loong plugins``).
         model_types: HF ``model_type`` values this adapter reads (the first is written).
         architecture: HF ``architectures[0]`` written on export.
+        aliases: Config keys transformers may save under another name (kept as the source had).
     """
 
     family = ""
     model_types: tuple[str, ...] = ()
     architecture = ""
+    aliases: dict[str, str] = {}  # key written -> another name transformers may save it under
 
     # -- config ----------------------------------------------------------------------------
     def check_model_type(self, hf: dict, where: str) -> None:
@@ -71,6 +73,9 @@ class HFAdapter:
         the fields the loong config determines."""
         out = dict(base or {})
         out.update(self.config_to_hf(cfg))
+        for key, alias in self.aliases.items():  # keep the source's spelling of a key
+            if alias in (base or {}) and key not in (base or {}) and key in out:
+                out[alias] = out.pop(key)
         out["architectures"] = [self.architecture]
         out["model_type"] = self.model_types[0]
         out["dtype"] = dtype

@@ -86,8 +86,24 @@ def _init_fresh_optimizer_state(optimizer) -> None:
             state.setdefault("step", torch.tensor(0.0))
 
 
-def hf_to_loong_rank(family: str, src: str, dst: str, tp: int, pp: int, ep: int) -> None:
-    """One rank of ``hf-to-loong`` (every rank of the job calls it)."""
+def schedule_config(overrides: dict | None):
+    """``(OptimConfig, TrainerConfig)`` from ``{"optim": {...}, "trainer": {...}}`` (validated)."""
+    from loong_core.config.schema import OptimConfig, TrainerConfig
+    from loong_core.config.validate import build_dataclass
+
+    overrides = overrides or {}
+    unknown = set(overrides) - {"optim", "trainer"}
+    if unknown:
+        raise ConfigError(f"only optim.* and trainer.* overrides are allowed here, not {sorted(unknown)}.")
+    return (build_dataclass(OptimConfig, overrides.get("optim", {}), "optim"),
+            build_dataclass(TrainerConfig, overrides.get("trainer", {}), "trainer"))
+
+
+def hf_to_loong_rank(family: str, src: str, dst: str, tp: int, pp: int, ep: int,
+                     schedule: dict | None = None) -> None:
+    """One rank of ``hf-to-loong`` (every rank of the job calls it). ``schedule`` holds the
+    ``optim`` / ``trainer`` settings whose LR schedule the checkpoint stores (a resumed run
+    continues that schedule)."""
     import numpy as np
     import torch
 
@@ -101,9 +117,11 @@ def hf_to_loong_rank(family: str, src: str, dst: str, tp: int, pp: int, ep: int)
     entry, _ = _model_entry(family)
     cfg = entry.load_meta("config")(name=family, init_from_hf=str(src))
     provider = entry.load()(cfg)  # reads config.json into cfg
-    config = LoongConfig(name=f"convert_{family}", model=cfg, parallel=ParallelConfig(
-        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-        expert_model_parallel_size=ep))
+    optim, trainer = schedule_config(schedule)
+    config = LoongConfig(name=f"convert_{family}", model=cfg, optim=optim, trainer=trainer,
+                         parallel=ParallelConfig(tensor_model_parallel_size=tp,
+                                                 pipeline_model_parallel_size=pp,
+                                                 expert_model_parallel_size=ep))
     engine = MegatronEngine(config, device, provider)
     engine.init_parallel()
     engine.setup()  # builds the chunks and loads the HF weights into them
@@ -134,8 +152,12 @@ def hf_to_loong_rank(family: str, src: str, dst: str, tp: int, pp: int, ep: int)
     engine.shutdown()
 
 
-def hf_to_loong(family: str, src: str, dst: str, tp: int = 1, pp: int = 1, ep: int = 1) -> dict:
+def hf_to_loong(family: str, src: str, dst: str, tp: int = 1, pp: int = 1, ep: int = 1,
+                schedule: dict | None = None) -> dict:
     """Convert an HF directory into a loong checkpoint at ``dst`` (torchrun for > 1 rank).
+
+    ``schedule``: ``{"optim": {...}, "trainer": {...}}`` settings of the stored LR schedule
+    (see :func:`hf_to_loong_rank`).
 
     Returns:
         ``{"seconds", "bytes", "overrides"}``: wall time, bytes of HF tensors, and the
@@ -150,14 +172,16 @@ def hf_to_loong(family: str, src: str, dst: str, tp: int = 1, pp: int = 1, ep: i
                              str(src_path / "config.json"))
     reader = SafetensorsReader(src_path)
     total = sum(reader.get_size(k) for k in reader.keys())
+    schedule_config(schedule)  # fail before spawning
     started = time.perf_counter()
     world = tp * pp * ep
     if world == 1:
-        hf_to_loong_rank(family, src, dst, 1, 1, 1)
+        hf_to_loong_rank(family, src, dst, 1, 1, 1, schedule)
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world),
                "--master-port", str(free_port()), "-m", "loong_llm.hf.convert", "hf-to-loong-rank",
-               family, str(src), str(dst), str(tp), str(pp), str(ep)]
+               family, str(src), str(dst), str(tp), str(pp), str(ep),
+               "--schedule", json.dumps(schedule or {})]
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
         result = subprocess.run(cmd, env=env)
         if result.returncode:
@@ -255,10 +279,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("tp", type=int)
     parser.add_argument("pp", type=int)
     parser.add_argument("ep", type=int)
+    parser.add_argument("--schedule", default="{}", help="JSON of optim / trainer settings")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if os.environ.get("RANK", "0") == "0" else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    hf_to_loong_rank(args.family, args.src, args.dst, args.tp, args.pp, args.ep)
+    hf_to_loong_rank(args.family, args.src, args.dst, args.tp, args.pp, args.ep,
+                     json.loads(args.schedule))
     return 0
 
 

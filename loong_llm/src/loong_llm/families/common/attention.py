@@ -5,7 +5,6 @@ take ``k_channels`` / ``v_channels``; its MLA spec otherwise needs TransformerEn
 from __future__ import annotations
 
 import torch
-
 from megatron.core.transformer.module import MegatronModule
 
 

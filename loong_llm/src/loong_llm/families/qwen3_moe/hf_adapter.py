@@ -14,6 +14,7 @@ class Qwen3MoEHFAdapter(DecoderHFAdapter):
     family = "qwen3_moe"
     model_types = ("qwen3_moe",)
     architecture = "Qwen3MoeForCausalLM"
+    aliases = {"num_experts": "num_local_experts"}
 
     def config_from_hf(self, hf: dict) -> dict:
         if hf.get("attention_bias") or hf.get("use_sliding_window"):

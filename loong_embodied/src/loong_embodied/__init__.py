@@ -1,0 +1,1 @@
+"""loong embodied plugin: LeRobot-format robot datasets, Meta-World demonstrations, action policies."""

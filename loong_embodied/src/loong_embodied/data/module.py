@@ -1,0 +1,111 @@
+"""``data=lerobot``: a LeRobot dataset as the trainer's map-style datasets (dicts of tensors)."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+
+from loong_core.errors import ConfigError
+from loong_embodied.data.config import LeRobotDataConfig
+
+logger = logging.getLogger(__name__)
+
+
+class FrameSplit:
+    """Map-style dataset: item ``i`` is frame ``order[i % len(order)]`` of ``frames`` as tensors.
+
+    Args:
+        frames: A :class:`loong_embodied.lerobot.dataset.LeRobotDataset`.
+        order: Frame indices (a shuffled epoch order, or the frames in order).
+        length: Items this split reports.
+        keys: Features kept (their ``_is_pad`` masks follow them).
+    """
+
+    def __init__(self, frames, order: np.ndarray, length: int, keys: list[str]):
+        self.frames, self.order, self.length, self.keys = frames, order, length, keys
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, i: int) -> dict:
+        import torch
+
+        item = self.frames[int(self.order[i % len(self.order)])]
+        out = {}
+        for key in self.keys:
+            for name in (key, f"{key}_is_pad"):
+                if name in item:
+                    out[name] = torch.from_numpy(np.ascontiguousarray(item[name]))
+        out["task_index"] = torch.tensor(int(item["task_index"]))
+        out["task"] = item["task"]
+        return out
+
+
+class LeRobotDataModule:
+    """Reads the dataset once per rank; splits by episode; shuffles frames per epoch with the seed."""
+
+    def __init__(self, config: LeRobotDataConfig):
+        self.config = config
+        if not config.path:
+            raise ConfigError("data.path is not set: point it at a LeRobot dataset folder (the one with "
+                              "meta/info.json), for example data.path=/data/metaworld_reach; record one "
+                              "with `loong data-metaworld --tasks reach-v3 --episodes 20 OUT_DIR`.")
+
+    def prepare(self) -> None:
+        """Nothing to cache: the frames are read from the dataset folder as they are."""
+
+    def setup(self) -> None:
+        from loong_embodied.lerobot.dataset import LeRobotDataset
+        from loong_embodied.lerobot.format import read_info
+        from loong_embodied.lerobot.windows import window_delta_timestamps
+
+        c = self.config
+        path = os.path.expandvars(os.path.expanduser(c.path))
+        info = read_info(path)
+        cameras = info.camera_keys if c.image_keys is None else list(c.image_keys)
+        for key in [c.state_key, c.action_key, *cameras]:
+            if key not in info.features:
+                raise ConfigError(f"'{key}' is not a feature of {path}; features: {', '.join(info.features)}")
+        deltas = c.delta_timestamps
+        if deltas is None:
+            deltas = window_delta_timestamps(info.fps, [c.state_key, *cameras], c.n_obs_steps,
+                                             c.action_key, c.chunk_size)
+        self.keys = [c.state_key, c.action_key, *cameras]
+        self.cameras = cameras
+        self.frames = LeRobotDataset(path, delta_timestamps=dict(deltas), episodes=c.episodes,
+                                     normalization=dict(c.normalization))
+        positions = np.arange(self.frames.num_episodes)
+        n_valid = min(c.valid_episodes, len(positions) - 1) if len(positions) > 1 else 0
+        split = len(positions) - n_valid
+        self.train_frames = np.concatenate([self.frames.episode_frames(p) for p in positions[:split]])
+        self.valid_frames = (np.concatenate([self.frames.episode_frames(p) for p in positions[split:]])
+                             if n_valid else self.train_frames)
+
+    def model_overrides(self) -> dict:
+        info, c = self.frames.info, self.config
+        overrides = {
+            "state_dim": int(np.prod(info.features[c.state_key]["shape"])),
+            "action_dim": int(np.prod(info.features[c.action_key]["shape"])),
+            "chunk_size": len(self.frames.deltas.get(c.action_key, [0])),
+            "n_obs_steps": len(self.frames.deltas.get(c.state_key, [0])),
+            "num_tasks": len(self.frames.tasks),
+            "image_keys": list(self.cameras),
+        }
+        if self.cameras:
+            h, w, ch = info.features[self.cameras[0]]["shape"]
+            overrides["image_size"] = [int(ch), int(h), int(w)]
+        return overrides
+
+    def build(self, num_train_samples: int, num_valid_samples: int, seed: int):
+        rng = np.random.default_rng(seed)
+        epochs = -(-num_train_samples // len(self.train_frames))
+        order = np.concatenate([rng.permutation(self.train_frames) for _ in range(epochs)])
+        train = FrameSplit(self.frames, order, num_train_samples, self.keys)
+        valid = FrameSplit(self.frames, self.valid_frames, max(num_valid_samples, 1), self.keys)
+        logger.info("lerobot: %d train / %d validation frames", len(self.train_frames), len(self.valid_frames))
+        return train, valid
+
+    def sample_cost(self, sample: dict) -> float:
+        return 1.0

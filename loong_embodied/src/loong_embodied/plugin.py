@@ -1,0 +1,31 @@
+"""The ``embodied`` plugin: registers names only; nothing heavy is imported here."""
+
+from __future__ import annotations
+
+from loong_core.hookspecs import hookimpl
+
+
+@hookimpl
+def loong_register_models(register):
+    register("flow_policy", "loong_embodied.policies.flow.model:FlowPolicyProvider",
+             config="loong_embodied.policies.flow.config:FlowPolicyConfig", engines=("torch",),
+             description="image + state + task encoder with a flow-matching action-chunk head")
+
+
+@hookimpl
+def loong_register_datasets(register):
+    register("lerobot", "loong_embodied.data.module:LeRobotDataModule",
+             config="loong_embodied.data.config:LeRobotDataConfig",
+             description="LeRobot-format robot dataset (v3.0 / v2.1) from a local folder: windows, "
+                         "action chunks, normalisation from its stats")
+
+
+@hookimpl
+def loong_register_cli_commands(register):
+    register("data-metaworld", "loong_embodied.cli.data_cmd:add_parser",
+             description="record Meta-World expert demonstrations into a LeRobot v3.0 dataset")
+
+
+@hookimpl
+def loong_config_search_path():
+    return "pkg://loong_embodied.conf"

@@ -1,0 +1,50 @@
+"""``loong data-metaworld``: expert demonstrations recorded into LeRobot v3.0 (needs metaworld)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+pytest.importorskip("metaworld")
+os.environ.setdefault("MUJOCO_GL", "egl")
+
+
+def test_records_one_short_reach_episode_with_camera_images(tmp_path):
+    from loong_embodied.lerobot.dataset import LeRobotDataset
+    from loong_embodied.sim.record import record_metaworld
+
+    summary = record_metaworld(tmp_path / "mw", ["reach-v3"], episodes=1, max_steps=6, only_success=False)
+    assert (summary.episodes, summary.frames) == (1, 6)
+    ds = LeRobotDataset(tmp_path / "mw", float_images=False)
+    item = ds[0]
+    assert ds.fps == 80 and ds.tasks == ["reach"]
+    assert item["observation.state"].shape == (39,) and item["action"].shape == (4,)
+    image = item["observation.image"]
+    assert image.shape == (64, 64, 3) and image.std() > 5
+    assert np.abs(item["action"]).max() <= 1.0
+
+
+def test_recording_reproduces_the_lerobot_recorded_reach_episode(tmp_path, lerobot_metaworld):
+    from loong_embodied.lerobot.dataset import LeRobotDataset
+    from loong_embodied.sim.record import record_metaworld
+
+    record_metaworld(tmp_path / "mw", ["reach-v3"], episodes=1, max_steps=4, only_success=False)
+    ours = LeRobotDataset(tmp_path / "mw", float_images=False)
+    theirs = LeRobotDataset(lerobot_metaworld, float_images=False, episodes=[10])   # reach, variation 0
+    for i in range(4):
+        np.testing.assert_allclose(ours[i]["observation.state"], theirs[i]["observation.state"], atol=1e-4)
+        np.testing.assert_allclose(ours[i]["action"], theirs[i]["action"], atol=1e-5)
+        diff = np.abs(ours[i]["observation.image"].astype(int) - theirs[i]["observation.image"])
+        assert diff.mean() < 8, "images differ: flipped or another camera"
+        flipped = np.abs(ours[i]["observation.image"][::-1].astype(int) - theirs[i]["observation.image"])
+        assert flipped.mean() > 3 * diff.mean()                                          # upright, not flipped
+
+
+def test_unknown_task_suggests_the_closest_name():
+    from loong_core.errors import ConfigError
+    from loong_embodied.sim.metaworld_env import MetaWorldTask
+
+    with pytest.raises(ConfigError, match="Did you mean 'reach-v3'"):
+        MetaWorldTask("reach-v2", camera=None)

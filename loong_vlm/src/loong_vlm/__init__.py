@@ -1,0 +1,1 @@
+"""loong VLM plugin: vision encoders, projectors, encoder + foundation composition."""

@@ -1,0 +1,113 @@
+"""Config classes of the VLM components (light: no torch import).
+
+A VLM is three registered components, each with its own config picked by its ``name``:
+``encoder`` (a vision encoder), ``projector`` (vision features -> foundation width) and
+``foundation`` (any registered decoder model, for example loong_llm's ``llama`` or ``qwen3``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+from loong_core.config.schema import ModelConfig, component
+
+
+@dataclass
+class VisionEncoderConfig(ModelConfig):
+    """Base of every vision encoder config.
+
+    Attributes:
+        image_size: Side of the (square) input images in pixels; the dataset sets it.
+        num_channels: Image channels (1 grey, 3 RGB); the dataset sets it.
+        patch_size: Side of a square patch; the image is cut into ``(image_size / patch_size)^2``.
+        freeze: Keep the encoder's weights fixed (no gradient, no optimizer update).
+    """
+
+    image_size: int = 16
+    num_channels: int = 3
+    patch_size: int = 4
+    freeze: bool = False
+
+    def grid(self) -> tuple[int, int]:
+        """Patches per column and per row."""
+        if self.image_size % self.patch_size:
+            raise ValueError(
+                f"model.encoder.image_size {self.image_size} is not a multiple of patch_size {self.patch_size}")
+        side = self.image_size // self.patch_size
+        return side, side
+
+    def num_patches(self) -> int:
+        """Feature vectors the encoder outputs per image."""
+        rows, cols = self.grid()
+        return rows * cols
+
+
+@dataclass
+class ViTConfig(VisionEncoderConfig):
+    """A plain pre-norm ViT (SigLIP / InternViT style): linear patch embedding, learned absolute
+    position embeddings, bidirectional attention, LayerNorm, GELU MLP with biases.
+
+    Attributes:
+        num_layers: Transformer layers.
+        hidden_size: Width.
+        num_attention_heads: Heads (must divide by the tensor-parallel size).
+        ffn_hidden_size: MLP inner width; None means ``4 * hidden_size``.
+        norm_epsilon: LayerNorm epsilon.
+        init_method_std: Std of the normal initialisation.
+        hidden_dropout: Dropout after attention / MLP.
+        attention_dropout: Dropout on attention probabilities.
+    """
+
+    num_layers: int = 2
+    hidden_size: int = 64
+    num_attention_heads: int = 4
+    ffn_hidden_size: Optional[int] = None
+    norm_epsilon: float = 1.0e-6
+    init_method_std: float = 0.02
+    hidden_dropout: float = 0.0
+    attention_dropout: float = 0.0
+
+
+@dataclass
+class MLPProjectorConfig(ModelConfig):
+    """Two-layer MLP from encoder features to the foundation's hidden size, optionally merging
+    each ``spatial_merge_size x spatial_merge_size`` block of neighbouring patches into one token
+    (concatenated before the MLP), which divides the image tokens by ``spatial_merge_size^2``.
+
+    Attributes:
+        ffn_hidden_size: Inner width; None means the foundation's hidden size.
+        activation: ``gelu`` or ``silu``.
+        spatial_merge_size: Side of the merged patch block (1: no merging).
+        pre_norm: LayerNorm over the (merged) features before the MLP.
+        freeze: Keep the projector's weights fixed.
+    """
+
+    ffn_hidden_size: Optional[int] = None
+    activation: Literal["gelu", "silu"] = "gelu"
+    spatial_merge_size: int = 1
+    pre_norm: bool = True
+    freeze: bool = False
+
+
+@dataclass
+class VLMConfig(ModelConfig):
+    """Encoder + projector + foundation, composed at the image placeholder tokens.
+
+    Attributes:
+        encoder: Vision encoder config (``model.encoder.name`` picks the registered encoder).
+        projector: Projector config (``model.projector.name``).
+        foundation: Decoder config of any registered foundation model (``model.foundation.name``,
+            for example ``llama`` or ``qwen3``); swap it with ``model@model.foundation=<option>``.
+        image_token_id: Token id of the image placeholder; the dataset sets it.
+        image_tokens: Placeholder tokens per image in the data; the dataset sets it and it must
+            equal what encoder + projector produce per image (checked before building).
+        freeze_foundation: Keep the foundation's weights fixed (train encoder / projector only).
+    """
+
+    encoder: ModelConfig = component("model")
+    projector: ModelConfig = component("model")
+    foundation: ModelConfig = component("model")
+    image_token_id: Optional[int] = None
+    image_tokens: Optional[int] = None
+    freeze_foundation: bool = False

@@ -1,0 +1,1 @@
+"""Multimodal data: conversations with images, placeholder expansion, assistant-only loss."""

@@ -1,0 +1,1 @@
+"""Vision encoders: modules mapping images ``[N, C, H, W]`` to features ``[N, T, hidden]``."""

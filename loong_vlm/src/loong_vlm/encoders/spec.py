@@ -1,0 +1,67 @@
+"""megatron-core pieces shared by the vision encoders: a bidirectional layer spec and a config."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+
+def bidirectional_layer_spec():
+    """Local (no TransformerEngine) transformer layer with LayerNorm and no attention mask.
+
+    megatron-core's GPT local spec with its self-attention switched from causal to ``no_mask``,
+    so every patch attends to every other patch of its image.
+    """
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.enums import AttnMaskType
+
+    spec = copy.deepcopy(get_gpt_layer_local_spec(normalization="LayerNorm"))
+    spec.submodules.self_attention.params = {**spec.submodules.self_attention.params,
+                                             "attn_mask_type": AttnMaskType.no_mask}
+    return spec
+
+
+def encoder_transformer_config(cfg, parallel_kwargs: dict):
+    """``TransformerConfig`` of an encoder: its own sizes, the foundation's tensor-parallel size.
+
+    The encoder is not pipelined (it lives whole on the first pipeline stage) and does not use
+    sequence parallelism.
+
+    Args:
+        cfg: The encoder's config (:class:`~loong_vlm.config.ViTConfig`).
+        parallel_kwargs: The run's ``TransformerConfig`` parallel fields.
+    """
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    tp = parallel_kwargs.get("tensor_model_parallel_size", 1)
+    if cfg.num_attention_heads % tp:
+        from loong_core.errors import ConfigError
+
+        raise ConfigError(
+            f"model.encoder.num_attention_heads ({cfg.num_attention_heads}) must be divisible by "
+            f"tensor_model_parallel_size ({tp}).")
+    return TransformerConfig(
+        num_layers=cfg.num_layers,
+        hidden_size=cfg.hidden_size,
+        num_attention_heads=cfg.num_attention_heads,
+        ffn_hidden_size=cfg.ffn_hidden_size or 4 * cfg.hidden_size,
+        normalization="LayerNorm",
+        layernorm_epsilon=cfg.norm_epsilon,
+        gated_linear_unit=False,
+        activation_func=torch.nn.functional.gelu,
+        add_bias_linear=True,
+        hidden_dropout=cfg.hidden_dropout,
+        attention_dropout=cfg.attention_dropout,
+        init_method_std=cfg.init_method_std,
+        use_cpu_initialization=True,
+        params_dtype=torch.float32,
+        pipeline_dtype=parallel_kwargs.get("pipeline_dtype", torch.float32),
+        bias_activation_fusion=False,
+        masked_softmax_fusion=False,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=1,
+        sequence_parallel=False,
+    )

@@ -1,0 +1,83 @@
+"""Shared fixtures: a data cache per session, a one-rank megatron-core group, a tiny VLM."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def loong_cache(tmp_path_factory):
+    """Prepared data is cached once per session (subprocesses inherit the variable)."""
+    path = os.environ.get("LOONG_TEST_CACHE") or str(tmp_path_factory.mktemp("loong_cache"))
+    old = os.environ.get("LOONG_CACHE")
+    os.environ["LOONG_CACHE"] = path
+    yield path
+    if old is None:
+        os.environ.pop("LOONG_CACHE", None)
+    else:
+        os.environ["LOONG_CACHE"] = old
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def mcore_single_rank():
+    """One-rank gloo group + megatron parallel state, with the cpu backend's patches."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+    from megatron.core import tensor_parallel
+
+    from loong_core.devices.select import select_device
+
+    select_device("cpu").setup()
+    created = not dist.is_initialized()
+    if created:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    ps.initialize_model_parallel()
+    tensor_parallel.model_parallel_cuda_manual_seed(1234)
+    yield
+    ps.destroy_model_parallel()
+    if created:
+        dist.destroy_process_group()
+
+
+def tiny_vlm_config(foundation: str = "llama", **encoder):
+    """A validated-shape VLM config: 16x16 grey images, 4x4 patches, a 2-layer foundation."""
+    from loong_vlm.config import MLPProjectorConfig, ViTConfig, VLMConfig
+
+    if foundation == "llama":
+        from loong_llm.families.llama.config import LlamaConfig as Foundation
+    else:
+        from loong_llm.families.qwen3.config import Qwen3Config as Foundation
+    return VLMConfig(
+        name="vlm",
+        encoder=ViTConfig(name="vit", image_size=16, num_channels=1, patch_size=4, num_layers=1,
+                          hidden_size=32, num_attention_heads=2, ffn_hidden_size=64, **encoder),
+        projector=MLPProjectorConfig(name="mlp_projector"),
+        foundation=Foundation(name=foundation, num_layers=2, hidden_size=64, num_attention_heads=4,
+                              num_query_groups=2, ffn_hidden_size=128, vocab_size=96,
+                              max_position_embeddings=128),
+        image_token_id=5,
+    )
+
+
+# Seconds-long runs of the debug VLM that log every step.
+TINY_OVERRIDES = [
+    "experiment=vlm_debug",
+    "trainer.log_interval=1",
+    "trainer.progress_bar=false",
+    "trainer.tensorboard=false",
+]
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    """Overrides of a seconds-long VLM run that logs every step."""
+    return list(TINY_OVERRIDES)
