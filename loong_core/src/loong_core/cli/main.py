@@ -10,7 +10,6 @@ from loong_core import __version__
 from loong_core.errors import LoongError
 from loong_core.logs import quiet_third_party
 
-
 GROUP_HELP = {"data": "prepare datasets", "eval": "evaluate models"}
 
 
