@@ -1,4 +1,4 @@
-"""``loong data-metaworld``: expert demonstrations recorded into LeRobot v3.0 (needs metaworld)."""
+"""``loong data metaworld``: expert demonstrations recorded into LeRobot v3.0 (needs metaworld)."""
 
 from __future__ import annotations
 
@@ -48,3 +48,15 @@ def test_unknown_task_suggests_the_closest_name():
 
     with pytest.raises(ConfigError, match="Did you mean 'reach-v3'"):
         MetaWorldTask("reach-v2", camera=None)
+
+
+def test_cli_records_under_the_shared_data_command(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "loong_core.cli.main", "data", "metaworld", "--tasks", "reach-v3", "--episodes",
+           "1", "--max-steps", "3", "--keep-failures", str(tmp_path / "cli")]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True).stdout
+    summary = json.loads(out)
+    assert (summary["episodes"], summary["frames"]) == (1, 3)

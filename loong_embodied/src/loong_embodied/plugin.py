@@ -22,7 +22,7 @@ def loong_register_datasets(register):
 
 @hookimpl
 def loong_register_cli_commands(register):
-    register("data-metaworld", "loong_embodied.cli.data_cmd:add_parser",
+    register("data metaworld", "loong_embodied.cli.data_cmd:add_parser",
              description="record Meta-World expert demonstrations into a LeRobot v3.0 dataset")
 
 

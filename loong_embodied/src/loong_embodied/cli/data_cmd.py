@@ -1,4 +1,4 @@
-"""``loong data-metaworld``: record Meta-World expert demonstrations as a LeRobot v3.0 dataset.
+"""``loong data metaworld``: record Meta-World expert demonstrations as a LeRobot v3.0 dataset.
 
 Light at import time (``loong --help`` stays fast): MuJoCo and Meta-World load when it runs.
 """
@@ -9,9 +9,9 @@ import json
 
 
 def add_parser(subparsers) -> None:
-    """Add the ``data-metaworld`` subcommand."""
+    """Add the ``metaworld`` action to the shared ``loong data`` command (core passes its subparsers)."""
     p = subparsers.add_parser(
-        "data-metaworld",
+        "metaworld",
         help="record Meta-World expert demonstrations into a LeRobot v3.0 dataset",
         description="Roll out Meta-World's scripted expert policies (MuJoCo, rendered on the CPU) and "
         "write camera images, the 39-d state, the 4-d action and the task instruction of every step "
@@ -22,7 +22,7 @@ def add_parser(subparsers) -> None:
 
 
 def add_arguments(p) -> None:
-    """The options of the command (shared with a future ``loong data metaworld`` action)."""
+    """The options of ``loong data metaworld``."""
     p.add_argument("out_dir", metavar="OUT_DIR", help="new dataset folder")
     p.add_argument("--tasks", default="reach-v3,push-v3",
                    help="comma-separated Meta-World tasks (default reach-v3,push-v3)")

@@ -51,7 +51,7 @@ class LeRobotDataModule:
         if not config.path:
             raise ConfigError("data.path is not set: point it at a LeRobot dataset folder (the one with "
                               "meta/info.json), for example data.path=/data/metaworld_reach; record one "
-                              "with `loong data-metaworld --tasks reach-v3 --episodes 20 OUT_DIR`.")
+                              "with `loong data metaworld --tasks reach-v3 --episodes 20 OUT_DIR`.")
 
     def prepare(self) -> None:
         """Nothing to cache: the frames are read from the dataset folder as they are."""

@@ -117,7 +117,7 @@ def read_info(root: str | Path) -> LeRobotInfo:
     if not path.is_file():
         raise LeRobotFormatError(
             f"'{root}' is not a LeRobot dataset: {path} does not exist. Point the path at the "
-            "folder that holds meta/ and data/ (record one with `loong data-metaworld`).")
+            "folder that holds meta/ and data/ (record one with `loong data metaworld`).")
     raw = json.loads(path.read_text())
     version = raw.get("codebase_version")
     if version not in SUPPORTED_VERSIONS:
