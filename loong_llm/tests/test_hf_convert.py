@@ -51,6 +51,7 @@ def assert_same_model(a, b):
 CASES = {  # name: (family, hf-to-loong flags, source dtype, config overrides)
     "llama_bf16": ("llama", [], "bfloat16", {}),
     "qwen2": ("qwen2", [], None, {}),
+    "qwen2_model_only": ("qwen2", ["--model-only"], None, {}),
     "qwen3": ("qwen3", [], None, {}),
     "qwen3_moe": ("qwen3_moe", [], None, {}),
     "deepseek_v3": ("deepseek_v3", [], None, {}),

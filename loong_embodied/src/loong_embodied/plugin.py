@@ -24,6 +24,8 @@ def loong_register_datasets(register):
 def loong_register_cli_commands(register):
     register("data metaworld", "loong_embodied.cli.data_cmd:add_parser",
              description="record Meta-World expert demonstrations into a LeRobot v3.0 dataset")
+    register("eval rollout", "loong_embodied.cli.eval_cmd:add_parser",
+             description="closed-loop success rate of a trained policy in Meta-World")
 
 
 @hookimpl

@@ -57,7 +57,7 @@ def loong_register_cli_commands(register):
              description="convert checkpoints between Hugging Face and loong")
     register("generate", "loong_llm.cli.infer_cmd:add_generate_parser",
              description="greedy generation from an HF directory or a loong checkpoint")
-    register("eval", "loong_llm.cli.infer_cmd:add_eval_parser",
+    register("eval perplexity", "loong_llm.cli.infer_cmd:add_perplexity_parser",
              description="perplexity of a text file")
 
 

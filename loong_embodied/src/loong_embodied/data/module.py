@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+from pathlib import Path
 
 import numpy as np
 
@@ -16,15 +18,21 @@ logger = logging.getLogger(__name__)
 class FrameSplit:
     """Map-style dataset: item ``i`` is frame ``order[i % len(order)]`` of ``frames`` as tensors.
 
+    Each item also carries ``noise_seed`` (int64, a function of ``seed`` and ``i``): a policy that
+    draws its training noise from it sees the same noise for a sample whichever data-parallel
+    rank or micro batch the sample lands in, so a DP run follows the one-rank loss curve.
+
     Args:
         frames: A :class:`loong_embodied.lerobot.dataset.LeRobotDataset`.
         order: Frame indices (a shuffled epoch order, or the frames in order).
         length: Items this split reports.
         keys: Features kept (their ``_is_pad`` masks follow them).
+        seed: Seed mixed into ``noise_seed``.
     """
 
-    def __init__(self, frames, order: np.ndarray, length: int, keys: list[str]):
+    def __init__(self, frames, order: np.ndarray, length: int, keys: list[str], seed: int = 0):
         self.frames, self.order, self.length, self.keys = frames, order, length, keys
+        self.seed = seed
 
     def __len__(self) -> int:
         return self.length
@@ -39,6 +47,7 @@ class FrameSplit:
                 if name in item:
                     out[name] = torch.from_numpy(np.ascontiguousarray(item[name]))
         out["task_index"] = torch.tensor(int(item["task_index"]))
+        out["noise_seed"] = torch.tensor((self.seed * 1_000_003 + i) % (2**62), dtype=torch.int64)
         out["task"] = item["task"]
         return out
 
@@ -48,13 +57,34 @@ class LeRobotDataModule:
 
     def __init__(self, config: LeRobotDataConfig):
         self.config = config
+        if not config.path and config.record_metaworld:
+            # Resolved here (every rank, before the run's config.yaml is written) so that the run
+            # directory names the dataset it trained on (``loong eval rollout`` reads its stats).
+            config.path = str(metaworld_cache_path(config))
         if not config.path:
             raise ConfigError("data.path is not set: point it at a LeRobot dataset folder (the one with "
                               "meta/info.json), for example data.path=/data/metaworld_reach; record one "
-                              "with `loong data metaworld --tasks reach-v3 --episodes 20 OUT_DIR`.")
+                              "with `loong data metaworld --tasks reach-v3 --episodes 20 OUT_DIR`, or set "
+                              "data.record_metaworld=[reach-v3] to record it on first use.")
 
     def prepare(self) -> None:
-        """Nothing to cache: the frames are read from the dataset folder as they are."""
+        """Record the Meta-World demonstrations (``record_metaworld``) if the folder is missing."""
+        c = self.config
+        path = Path(os.path.expandvars(os.path.expanduser(c.path)))
+        if not c.record_metaworld or (path / "meta" / "info.json").is_file():
+            return
+        from loong_embodied.sim.record import record_metaworld
+
+        logger.info("recording %d Meta-World episodes per task of %s into %s (first use)", c.record_episodes,
+                    ", ".join(c.record_metaworld), path)
+        partial = path.with_name(path.name + ".partial")
+        if partial.exists():
+            shutil.rmtree(partial)
+        summary = record_metaworld(partial, list(c.record_metaworld), c.record_episodes, seed=c.record_seed,
+                                   camera="corner" if c.record_images else None)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(partial, path)
+        logger.info("recorded %d episodes, %d frames in %.1fs", summary.episodes, summary.frames, summary.seconds)
 
     def setup(self) -> None:
         from loong_embodied.lerobot.dataset import LeRobotDataset
@@ -102,10 +132,20 @@ class LeRobotDataModule:
         rng = np.random.default_rng(seed)
         epochs = -(-num_train_samples // len(self.train_frames))
         order = np.concatenate([rng.permutation(self.train_frames) for _ in range(epochs)])
-        train = FrameSplit(self.frames, order, num_train_samples, self.keys)
-        valid = FrameSplit(self.frames, self.valid_frames, max(num_valid_samples, 1), self.keys)
+        train = FrameSplit(self.frames, order, num_train_samples, self.keys, seed)
+        valid = FrameSplit(self.frames, self.valid_frames, max(num_valid_samples, 1), self.keys, seed + 1)
         logger.info("lerobot: %d train / %d validation frames", len(self.train_frames), len(self.valid_frames))
         return train, valid
 
     def sample_cost(self, sample: dict) -> float:
         return 1.0
+
+
+def metaworld_cache_path(config: LeRobotDataConfig) -> Path:
+    """Cache folder of the demonstrations ``record_metaworld`` records (a function of what is recorded)."""
+    from loong_core.config.compose import cache_root
+
+    tasks = "_".join(t.removesuffix("-v3") for t in config.record_metaworld)
+    kind = "image" if config.record_images else "state"
+    return (cache_root(config.cache_dir) / "metaworld"
+            / f"{tasks}-{config.record_episodes}ep-seed{config.record_seed}-{kind}")

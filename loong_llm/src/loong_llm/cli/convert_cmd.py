@@ -22,6 +22,8 @@ def add_parser(subparsers) -> None:
     to_loong.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
     to_loong.add_argument("--pp", type=int, default=1, help="pipeline-parallel size (default 1)")
     to_loong.add_argument("--ep", type=int, default=1, help="expert-parallel size (default 1)")
+    to_loong.add_argument("--model-only", action="store_true",
+                          help="weights only (about half the memory; for trainer.init_from, not resume)")
     to_loong.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                           help="optim.* / trainer.* settings of the stored LR schedule")
     to_loong.set_defaults(func=run_hf_to_loong)
@@ -67,7 +69,7 @@ def run_hf_to_loong(args, extra) -> int:
     from loong_llm.hf.convert import hf_to_loong
 
     result = hf_to_loong(args.family, args.src, args.dst, args.tp, args.pp, args.ep,
-                         _schedule(args.overrides))
+                         _schedule(args.overrides), args.model_only)
     mb = result["bytes"] / 1e6
     print(f"converted {args.src} -> {args.dst}: {mb:.1f} MB in {result['seconds']:.1f}s "
           f"({mb / max(result['seconds'], 1e-9):.1f} MB/s)")

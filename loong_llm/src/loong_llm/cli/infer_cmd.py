@@ -26,11 +26,9 @@ def add_generate_parser(subparsers) -> None:
     p.set_defaults(func=run_generate)
 
 
-def add_eval_parser(subparsers) -> None:
-    """Add ``eval perplexity``."""
-    p = subparsers.add_parser("eval", help="evaluate a model")
-    sub = p.add_subparsers(dest="eval_command", metavar="METRIC", required=True)
-    ppl = sub.add_parser("perplexity", help="perplexity of a text file")
+def add_perplexity_parser(subparsers) -> None:
+    """Add ``perplexity`` under the shared ``loong eval`` command (registered as ``eval perplexity``)."""
+    ppl = subparsers.add_parser("perplexity", help="perplexity of a text file (LLM)")
     _model_args(ppl)
     ppl.add_argument("--text", required=True, metavar="FILE")
     ppl.add_argument("--seq-length", type=int, default=512, help="window length (default 512)")

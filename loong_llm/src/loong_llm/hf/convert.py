@@ -99,11 +99,50 @@ def schedule_config(overrides: dict | None):
             build_dataclass(TrainerConfig, overrides.get("trainer", {}), "trainer"))
 
 
+class _ModelOnly:
+    """Just the model chunks (no DDP buffers, no optimizer): a checkpoint for ``init_from``."""
+
+    def __init__(self, config, device, provider):
+        self.config, self.device, self.provider = config, device, provider
+
+    def init_parallel(self):
+        from loong_core.engines.megatron import parallel
+
+        parallel.initialize(self.config.parallel, self.config.trainer.seed)
+
+    def setup(self):
+        from megatron.core import parallel_state as ps
+
+        from loong_core.engines.megatron import parallel
+
+        mcfg = self.provider.megatron_config(parallel.transformer_kwargs(self.config.parallel))
+        self.chunk = self.provider.build_megatron_model(
+            mcfg, ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage(), None)
+        self.provider.initialize_weights([self.chunk])
+
+    def save_checkpoint(self, directory, common_state):
+        from megatron.core import dist_checkpointing
+
+        dist_checkpointing.save({"model": self.chunk.sharded_state_dict(), "loong": common_state},
+                                directory)
+
+    def rng_state(self):
+        from megatron.core import tensor_parallel
+
+        return {"tracker": tensor_parallel.get_cuda_rng_tracker().get_states()}
+
+    def shutdown(self):
+        from megatron.core import parallel_state as ps
+
+        ps.destroy_model_parallel()
+
+
 def hf_to_loong_rank(family: str, src: str, dst: str, tp: int, pp: int, ep: int,
-                     schedule: dict | None = None) -> None:
+                     schedule: dict | None = None, model_only: bool = False) -> None:
     """One rank of ``hf-to-loong`` (every rank of the job calls it). ``schedule`` holds the
     ``optim`` / ``trainer`` settings whose LR schedule the checkpoint stores (a resumed run
-    continues that schedule)."""
+    continues that schedule); ``model_only`` skips DDP buffers and optimizer state (less memory;
+    the checkpoint then serves ``trainer.init_from`` only)."""
     import numpy as np
     import torch
 
@@ -122,10 +161,11 @@ def hf_to_loong_rank(family: str, src: str, dst: str, tp: int, pp: int, ep: int,
                          parallel=ParallelConfig(tensor_model_parallel_size=tp,
                                                  pipeline_model_parallel_size=pp,
                                                  expert_model_parallel_size=ep))
-    engine = MegatronEngine(config, device, provider)
+    engine = (_ModelOnly if model_only else MegatronEngine)(config, device, provider)
     engine.init_parallel()
     engine.setup()  # builds the chunks and loads the HF weights into them
-    _init_fresh_optimizer_state(engine.optimizer)
+    if not model_only:
+        _init_fresh_optimizer_state(engine.optimizer)
     rank = torch.distributed.get_rank()
     model = {**dataclasses.asdict(cfg), "init_from_hf": None}
     record = {
@@ -133,6 +173,7 @@ def hf_to_loong_rank(family: str, src: str, dst: str, tp: int, pp: int, ep: int,
                    "vpp": None, "ep": ep},
         "name": config.name, "model": model, "hf_config": read_hf_config(src),
         "hf_dtype": SafetensorsReader(src).dtype(), "converted_from": str(Path(src).resolve()),
+        "model_only": model_only,
     }
     rng = {"python": random.getstate(), "numpy": np.random.get_state(),
            "torch": torch.get_rng_state(), "device": device.rng_state(),
@@ -153,7 +194,7 @@ def hf_to_loong_rank(family: str, src: str, dst: str, tp: int, pp: int, ep: int,
 
 
 def hf_to_loong(family: str, src: str, dst: str, tp: int = 1, pp: int = 1, ep: int = 1,
-                schedule: dict | None = None) -> dict:
+                schedule: dict | None = None, model_only: bool = False) -> dict:
     """Convert an HF directory into a loong checkpoint at ``dst`` (torchrun for > 1 rank).
 
     ``schedule``: ``{"optim": {...}, "trainer": {...}}`` settings of the stored LR schedule
@@ -176,12 +217,12 @@ def hf_to_loong(family: str, src: str, dst: str, tp: int = 1, pp: int = 1, ep: i
     started = time.perf_counter()
     world = tp * pp * ep
     if world == 1:
-        hf_to_loong_rank(family, src, dst, 1, 1, 1, schedule)
+        hf_to_loong_rank(family, src, dst, 1, 1, 1, schedule, model_only)
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world),
                "--master-port", str(free_port()), "-m", "loong_llm.hf.convert", "hf-to-loong-rank",
                family, str(src), str(dst), str(tp), str(pp), str(ep),
-               "--schedule", json.dumps(schedule or {})]
+               "--schedule", json.dumps(schedule or {}), *(["--model-only"] if model_only else [])]
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
         result = subprocess.run(cmd, env=env)
         if result.returncode:
@@ -280,11 +321,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("pp", type=int)
     parser.add_argument("ep", type=int)
     parser.add_argument("--schedule", default="{}", help="JSON of optim / trainer settings")
+    parser.add_argument("--model-only", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if os.environ.get("RANK", "0") == "0" else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     hf_to_loong_rank(args.family, args.src, args.dst, args.tp, args.pp, args.ep,
-                     json.loads(args.schedule))
+                     json.loads(args.schedule), args.model_only)
     return 0
 
 

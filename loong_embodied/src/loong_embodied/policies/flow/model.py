@@ -27,6 +27,24 @@ def time_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.cat([angles.sin(), angles.cos()], dim=-1)
 
 
+def flow_noise(actions: torch.Tensor, seeds: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Noise like ``actions`` and flow times ``[B]`` in [0, 1).
+
+    With per-sample ``seeds`` (the data's ``noise_seed``) each sample's draw depends on its seed
+    only, not on the rank or micro batch it lands in (data-parallel runs then match one rank);
+    without, they come from the global generator.
+    """
+    if seeds is None:
+        return torch.randn_like(actions), torch.rand(actions.shape[0], device=actions.device)
+    noise, times = [], []
+    for seed in seeds.reshape(-1).tolist():
+        g = torch.Generator().manual_seed(int(seed))
+        times.append(torch.rand(1, generator=g))
+        noise.append(torch.randn(actions.shape[1:], generator=g))
+    return (torch.stack(noise).to(actions.device, actions.dtype),
+            torch.cat(times).to(actions.device, actions.dtype))
+
+
 class ResidualBlock(nn.Module):
     """LayerNorm -> Linear -> SiLU -> Linear, added to the input; modulated by the context."""
 
@@ -117,8 +135,7 @@ class FlowPolicyProvider(ModelProvider):
         actions = batch["action"].float()
         if actions.dim() == 2:                         # no chunk axis (chunk_size 1)
             actions = actions[:, None]
-        noise = torch.randn_like(actions)
-        t = torch.rand(actions.shape[0], device=actions.device)
+        noise, t = flow_noise(actions, batch.get("noise_seed"))
         x_t = (1.0 - t[:, None, None]) * actions + t[:, None, None] * noise
         pred = model(batch, x_t, t)
         valid = (~batch["action_is_pad"]).float() if "action_is_pad" in batch else torch.ones(actions.shape[:2])

@@ -1,0 +1,130 @@
+"""A trained policy loaded from a loong run for closed-loop control (one process, no process group).
+
+The run directory's ``config.yaml`` gives the model config (with the shapes the data set) and the
+dataset it trained on; the dataset's ``meta/stats.json`` and task list give the normalisation and
+the task indices; the weights come from a DCP checkpoint (``checkpoints/iter_N``) loaded into a
+freshly built model, whatever the data-parallel layout it was saved with.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from collections import deque
+from dataclasses import fields
+from pathlib import Path
+
+import numpy as np
+
+from loong_core.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+
+def resolve_checkpoint(path: str | Path) -> tuple[Path, Path]:
+    """``(run_dir, checkpoint_dir)`` of a run directory (its newest checkpoint) or a checkpoint directory.
+
+    Raises:
+        ConfigError: Neither a run directory with a complete checkpoint nor a checkpoint inside a run.
+    """
+    from loong_core.checkpoint import store
+
+    path = Path(path).expanduser()
+    if (path / "config.yaml").is_file():
+        latest = store.find_latest(path / "checkpoints")
+        if latest is None:
+            raise ConfigError(f"{path} has no complete checkpoint under checkpoints/; train longer or "
+                              "pass trainer.save_at_end=true")
+        return path, latest
+    if store.is_complete(path) and (path.parent.parent / "config.yaml").is_file():
+        return path.parent.parent, path
+    raise ConfigError(f"--checkpoint {path}: expected a run directory (with config.yaml and checkpoints/) "
+                      "or one of its checkpoints (runs/NAME/STAMP/checkpoints/iter_0000100)")
+
+
+class LoadedPolicy:
+    """A flow policy with its normalisation, observation history and action-chunk queue.
+
+    Args:
+        checkpoint: Run directory or checkpoint directory.
+        action_steps: Actions executed from each predicted chunk before re-planning (None: half
+            the chunk).
+        seed: Seed of the sampling noise.
+    """
+
+    def __init__(self, checkpoint: str | Path, action_steps: int | None = None, seed: int = 0):
+        import torch
+        import yaml
+
+        from loong_core.engines.torch_native.checkpointing import load_model_only
+        from loong_embodied.lerobot.format import read_info
+        from loong_embodied.lerobot.meta import read_stats, read_tasks
+        from loong_embodied.lerobot.normalize import Normalizer
+        from loong_embodied.policies.flow.config import FlowPolicyConfig
+        from loong_embodied.policies.flow.model import FlowPolicy
+
+        self.run_dir, self.checkpoint = resolve_checkpoint(checkpoint)
+        raw = yaml.safe_load((self.run_dir / "config.yaml").read_text())
+        model_raw, data_raw = raw["model"], raw["data"]
+        if model_raw.get("name") != "flow_policy":
+            raise ConfigError(f"{self.run_dir} trained model '{model_raw.get('name')}'; rollout supports flow_policy")
+        names = {f.name for f in fields(FlowPolicyConfig)}
+        self.config = FlowPolicyConfig(**{k: v for k, v in model_raw.items() if k in names})
+        dataset = os.path.expandvars(os.path.expanduser(data_raw.get("path") or ""))
+        if not (Path(dataset) / "meta" / "info.json").is_file():
+            raise ConfigError(f"the dataset this run trained on ({dataset or 'data.path unset'}) is missing: "
+                              "its meta/stats.json holds the normalisation the policy needs")
+        info = read_info(dataset)
+        self.tasks = read_tasks(info)
+        self.normalizer = Normalizer(read_stats(info), dict(data_raw.get("normalization") or {}))
+        self.state_key = data_raw.get("state_key", "observation.state")
+        self.action_key = data_raw.get("action_key", "action")
+        self.model = FlowPolicy(self.config)
+        with warnings.catch_warnings():   # DCP notes that it loads in a single process: intended here
+            warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
+            load_model_only(self.model, str(self.checkpoint))
+        self.model.eval()
+        self.torch = torch
+        self.generator = torch.Generator().manual_seed(seed)
+        chunk = self.config.chunk_size
+        self.action_steps = max(1, min(chunk, action_steps or max(chunk // 2, 1)))
+        logger.info("policy %s: chunk %d, executing %d actions per chunk, tasks %s", self.checkpoint, chunk,
+                    self.action_steps, self.tasks)
+        self.reset("")
+
+    def task_index(self, instruction: str) -> int:
+        """Index of a task instruction (``"push"``) in the training dataset's task list."""
+        if instruction not in self.tasks:
+            raise ConfigError(f"task '{instruction}' was not in the training data; trained on: "
+                              f"{', '.join(self.tasks)}")
+        return self.tasks.index(instruction)
+
+    def reset(self, instruction: str) -> None:
+        """Start an episode of the task with this instruction (empty: none yet)."""
+        self.task = self.task_index(instruction) if instruction else 0
+        self.states: deque = deque(maxlen=self.config.n_obs_steps)
+        self.queue: deque = deque()
+
+    def act(self, state: np.ndarray, image: np.ndarray | None = None) -> np.ndarray:
+        """The next action (un-normalised) for the current state and camera image ``[H, W, 3]``."""
+        state = self.normalizer.normalize(self.state_key, np.asarray(state, dtype=np.float32))
+        if not self.states:
+            self.states.extend([state] * self.config.n_obs_steps)  # history padded with the first frame
+        self.states.append(state)
+        if not self.queue:
+            chunk = self._predict(image)
+            self.queue.extend(chunk[: self.action_steps])
+        return self.queue.popleft()
+
+    def _predict(self, image: np.ndarray | None) -> np.ndarray:
+        torch, c = self.torch, self.config
+        batch = {"observation.state": torch.from_numpy(np.stack(self.states))[None],
+                 "task_index": torch.tensor([self.task])}
+        for key in c.image_keys:
+            if image is None:
+                raise ConfigError(f"the policy reads camera '{key}' but the environment renders no image")
+            batch[key] = torch.from_numpy(np.ascontiguousarray(image.transpose(2, 0, 1)))[None].float() / 255.0
+        with torch.no_grad():
+            chunk = self.model.sample(batch, generator=self.generator)[0].numpy()
+        return self.normalizer.unnormalize(self.action_key, chunk)
