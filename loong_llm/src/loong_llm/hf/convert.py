@@ -300,8 +300,13 @@ def loong_to_hf(src: str, dst: str, dtype: str | None = None) -> dict:
     parallel.initialize(p, seed=0)
     model = provider.build_megatron_model(provider.megatron_config(parallel.transformer_kwargs(p)),
                                           pre_process=True, post_process=True, vp_stage=None)
+    provider.attach_adapters([model])  # a LoRA run's checkpoint holds its adapters
     loaded = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(src_path))
     model.load_state_dict(loaded["model"], strict=True)
+    if cfg.lora.enabled:
+        from loong_llm.lora import merge_lora
+
+        merge_lora(model)  # HF gets plain weights: W + alpha/r * B A
     with torch.no_grad():
         written = export_state(adapter, cfg, model.state_dict(), dst,
                                dtype or hf_dtype or "bfloat16", hf_base)

@@ -79,6 +79,7 @@ def load(hf: str | None = None, checkpoint: str | None = None, family: str | Non
     else:
         from megatron.core import dist_checkpointing
 
+        provider.attach_adapters([model])  # a LoRA run's checkpoint holds its adapters
         loaded = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(checkpoint))
         model.load_state_dict(loaded["model"], strict=True)
     model.eval()

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Union
 
 from loong_core.config.schema import ModelConfig
+from loong_llm.lora import LoraConfig
 
 
 @dataclass
@@ -77,6 +78,7 @@ class DecoderConfig(ModelConfig):
     add_qkv_bias: bool = False
     qk_layernorm: bool = False
     init_from_hf: Optional[str] = None
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
     def resolved_ffn_hidden_size(self) -> int:
         """The SwiGLU width actually used."""

@@ -115,13 +115,23 @@ class DecoderProvider(ModelProvider):
         return model
 
     def initialize_weights(self, chunks: list[Any]) -> None:
-        """Load ``model.init_from_hf`` into the chunks of this rank (random init otherwise)."""
-        if not self.config.init_from_hf:
-            return
-        from loong_llm.hf.load import load_hf_into_chunks
-        from loong_llm.hf.registry import get_adapter
+        """Load ``model.init_from_hf`` into the chunks of this rank (random init otherwise), then
+        attach LoRA adapters when ``model.lora.rank > 0`` (base weights are frozen)."""
+        if self.config.init_from_hf:
+            from loong_llm.hf.load import load_hf_into_chunks
+            from loong_llm.hf.registry import get_adapter
 
-        load_hf_into_chunks(get_adapter(self.family), self.config, chunks, self.config.init_from_hf)
+            load_hf_into_chunks(get_adapter(self.family), self.config, chunks, self.config.init_from_hf)
+        self.attach_adapters(chunks)
+
+    def attach_adapters(self, chunks: list[Any]) -> None:
+        """Add the LoRA adapters of ``model.lora`` to every chunk (nothing when disabled)."""
+        if not self.config.lora.enabled:
+            return
+        from loong_llm.lora import apply_lora
+
+        for chunk in chunks:
+            apply_lora(chunk, self.config.lora)
 
     def forward_step(self, model, batch: dict):
         # attention_mask (optional, [b, 1, s, s], True = masked) keeps packed documents apart.
