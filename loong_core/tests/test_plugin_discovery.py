@@ -121,3 +121,24 @@ def test_two_plugins_add_actions_under_one_command(toy_site, monkeypatch):
     assert loong("data", "beta", env=env)[1].strip() == "ran beta"
     code, out, _ = loong("data", "--help", env=env)
     assert code == 0 and "alpha" in out and "beta" in out
+
+
+PLAIN_DATA = '''
+from loong_core.hookspecs import hookimpl
+
+def add_data(subparsers):
+    subparsers.add_parser("data").set_defaults(func=lambda args, extra: 0)
+
+@hookimpl
+def loong_register_cli_commands(register):
+    register("data", "loong_plain:add_data")
+'''
+
+
+def test_plain_command_clashing_with_a_shared_command_is_skipped_with_a_warning(toy_site):
+    install_plugin(toy_site, "loong-alpha", "alpha", {"loong_alpha": GROUPED.format(action="alpha")})
+    install_plugin(toy_site, "loong-plain", "plain", {"loong_plain": PLAIN_DATA})
+    env = {"LOONG_PLUGINS": "alpha,plain"}
+    code, out, err = loong("data", "alpha", env=env)
+    assert code == 0 and out.strip() == "ran alpha"
+    assert "clashes with" in err and "loong-plain" in err and "loong-alpha" in err

@@ -67,5 +67,8 @@ def test_rollout_json_reports_each_task_from_a_checkpoint_directory(debug_run):
 
 
 def test_rollout_names_the_fix_for_a_path_without_checkpoints(tmp_path):
-    proc = _rollout("--checkpoint", str(tmp_path))
-    assert proc.returncode == 2 and "expected a run directory" in proc.stderr
+    from loong_core.errors import ConfigError
+    from loong_embodied.eval.policy import resolve_checkpoint
+
+    with pytest.raises(ConfigError, match="expected a run directory"):
+        resolve_checkpoint(tmp_path)

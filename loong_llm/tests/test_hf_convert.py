@@ -51,7 +51,7 @@ def assert_same_model(a, b):
 CASES = {  # name: (family, hf-to-loong flags, source dtype, config overrides)
     "llama_bf16": ("llama", [], "bfloat16", {}),
     "qwen2": ("qwen2", [], None, {}),
-    "qwen2_model_only": ("qwen2", ["--model-only"], None, {}),
+    "qwen2_with_optimizer": ("qwen2", ["--with-optimizer"], None, {}),
     "qwen3": ("qwen3", [], None, {}),
     "qwen3_moe": ("qwen3_moe", [], None, {}),
     "deepseek_v3": ("deepseek_v3", [], None, {}),
@@ -115,7 +115,7 @@ def test_converted_checkpoint_trains_like_online_hf_loading(tmp_path):
     schedule = ["optim.lr=3.0e-3", "optim.min_lr=3.0e-4", "optim.lr_warmup_iters=2",
                 "trainer.train_iters=2"]
     out = loong("convert", "hf-to-loong", "--family", "qwen3", str(src), str(tmp_path / "ckpt"),
-                *schedule)
+                "--with-optimizer", *schedule)
     line = next(x for x in out.splitlines() if x.startswith("train from it:"))
     model_overrides = [o for o in line.split()[4:] if o.startswith("model.")]
     common = ["experiment=qwen3_debug", "trainer.train_iters=2", "trainer.log_interval=1",

@@ -25,18 +25,31 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     groups: dict[str, argparse._SubParsersAction] = {}
+    owners: dict[str, str] = {}  # top-level command -> distribution that claimed it
     system = get_plugin_system()
-    for entry in system.registry().entries("cli_command"):
+    # Shared "group action" commands first: a plain command of the same name is the one skipped.
+    entries = sorted(system.registry().entries("cli_command"), key=lambda e: (" " not in e.name, e.name))
+    for entry in entries:
+        group, _, action = entry.name.partition(" ")
+        kind = "group" if action else "command"
+        claimed = owners.get(group)
+        if claimed is not None and (kind == "command" or not claimed.startswith("group:")):
+            logging.getLogger(__name__).warning(
+                "'loong %s' from %s clashes with 'loong %s' from %s; skipped. Register actions as "
+                "'%s <action>' in both, or disable one with LOONG_DISABLE_PLUGINS=%s",
+                entry.name, entry.distribution, group, claimed.split(":", 1)[-1], group, entry.plugin)
+            continue
         try:
             add_parser = entry.load()
         except LoongError as exc:
             logging.getLogger(__name__).warning("%s", exc)
             continue
-        group, _, action = entry.name.partition(" ")
         if not action:
+            owners[group] = f"command:{entry.distribution}"
             add_parser(subparsers)
             continue
         # "group action": several plugins add actions under one command (``loong data ...``).
+        owners[group] = f"group:{entry.distribution}"
         if group not in groups:
             group_parser = subparsers.add_parser(group, help=GROUP_HELP.get(group, f"{group} actions"))
             groups[group] = group_parser.add_subparsers(dest=f"{group}_command", metavar="ACTION",

@@ -60,6 +60,11 @@ class Trainer:
     def resume(self, path: Path) -> int:
         """Load a checkpoint; returns the iteration to continue from."""
         record = store.read_record(path)
+        if record.get("model_only"):
+            raise CheckpointError(
+                f"{path} holds model weights only (no optimizer or schedule), so it cannot be "
+                f"resumed: start from it with trainer.init_from={path} instead."
+            )
         try:
             common = self.engine.load_checkpoint(str(path))
         except Exception as exc:

@@ -80,6 +80,7 @@ class LoadedPolicy:
         self.normalizer = Normalizer(read_stats(info), dict(data_raw.get("normalization") or {}))
         self.state_key = data_raw.get("state_key", "observation.state")
         self.action_key = data_raw.get("action_key", "action")
+        torch.set_num_threads(1)   # batch-1 inference: extra threads only spin (and slow a shared CPU)
         self.model = FlowPolicy(self.config)
         with warnings.catch_warnings():   # DCP notes that it loads in a single process: intended here
             warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")

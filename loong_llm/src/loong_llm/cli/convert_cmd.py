@@ -12,18 +12,22 @@ def add_parser(subparsers) -> None:
     sub = p.add_subparsers(dest="convert_command", metavar="DIRECTION", required=True)
     to_loong = sub.add_parser(
         "hf-to-loong", help="HF directory (config.json + safetensors) -> loong checkpoint",
-        description="Write an iteration-0 loong checkpoint (model + fresh optimizer) sharded for "
-        "the given layout; use it with trainer.init_from=DST or trainer.resume=DST. A resumed run "
-        "continues the LR schedule stored in the checkpoint: give the run's optim.* / trainer.* "
-        "settings as trailing KEY=VALUE overrides (e.g. optim.lr=3e-4 trainer.train_iters=1000).")
+        description="Write an iteration-0 loong checkpoint sharded for the given layout, streaming "
+        "one tensor at a time. By default it holds the weights only: start a run from it with "
+        "trainer.init_from=DST. With --with-optimizer it also holds a fresh optimizer and LR "
+        "schedule so that trainer.resume=DST works (about 3x the memory); give the run's optim.* / "
+        "trainer.* settings as trailing KEY=VALUE overrides (e.g. optim.lr=3e-4 trainer.train_iters=1000).")
     to_loong.add_argument("--family", required=True, help="model family (llama, qwen2, qwen3, ...)")
     to_loong.add_argument("src", metavar="SRC_HF_DIR")
     to_loong.add_argument("dst", metavar="DST")
     to_loong.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
     to_loong.add_argument("--pp", type=int, default=1, help="pipeline-parallel size (default 1)")
     to_loong.add_argument("--ep", type=int, default=1, help="expert-parallel size (default 1)")
+    to_loong.add_argument("--with-optimizer", action="store_true",
+                          help="also store a fresh optimizer and LR schedule (for trainer.resume=DST; "
+                               "needs about 3x the memory of weights only)")
     to_loong.add_argument("--model-only", action="store_true",
-                          help="weights only (about half the memory; for trainer.init_from, not resume)")
+                          help="weights only (the default; kept for scripts)")
     to_loong.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                           help="optim.* / trainer.* settings of the stored LR schedule")
     to_loong.set_defaults(func=run_hf_to_loong)
@@ -69,7 +73,7 @@ def run_hf_to_loong(args, extra) -> int:
     from loong_llm.hf.convert import hf_to_loong
 
     result = hf_to_loong(args.family, args.src, args.dst, args.tp, args.pp, args.ep,
-                         _schedule(args.overrides), args.model_only)
+                         _schedule(args.overrides), not args.with_optimizer)
     mb = result["bytes"] / 1e6
     print(f"converted {args.src} -> {args.dst}: {mb:.1f} MB in {result['seconds']:.1f}s "
           f"({mb / max(result['seconds'], 1e-9):.1f} MB/s)")

@@ -115,6 +115,8 @@ class DigitsVQADataModule:
                              with_mask=False)
         is_digit = torch.tensor([int(t) in self.digit_ids for t in item["labels"].tolist()])
         item["answer_mask"] = item["loss_mask"] * is_digit
+        if not cfg.train_end_of_turn:
+            item["loss_mask"] = item["answer_mask"].clone()
         item["images"] = self.images[digit].unsqueeze(0)  # one image: [1, 1, S, S]
         return item
 
