@@ -7,8 +7,10 @@ import nox
 nox.options.sessions = ["lint", "tests"]
 nox.options.default_venv_backend = "venv"
 
-PLUGINS = ["loong_llm", "loong_diffusion", "loong_embodied"]
+PLUGINS = ["loong_llm", "loong_vlm", "loong_diffusion", "loong_embodied"]
 EXTRAS = {"loong_llm": "[data]", "loong_embodied": "[sim]"}
+# Plugins built on another plugin (installed first in the isolated session).
+REQUIRES = {"loong_vlm": ["loong_llm"]}
 TORCH = "torch==2.13.0"
 
 
@@ -36,5 +38,7 @@ def isolated(session, package):
     session.install("-r", "requirements-dev.txt")
     session.install("-e", "loong_core")
     if package != "loong_core":
+        for required in REQUIRES.get(package, []):
+            session.install("-e", required)
         session.install("-e", package + EXTRAS.get(package, ""))
     session.run("pytest", f"{package}/tests", *session.posargs)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -120,10 +119,10 @@ def test_bad_jsonl_key_names_the_line_and_fix(jsonl, tmp_path):
 
 
 def test_cli_parser_defaults():
-    from loong_llm.cli.data_cmd import add_parser, run_preprocess
+    from loong_core.cli.main import build_parser
+    from loong_llm.cli.data_cmd import run_preprocess
 
-    parser = argparse.ArgumentParser()
-    add_parser(parser.add_subparsers(dest="command"))
+    parser = build_parser()  # `preprocess` is an action of core's shared `loong data` command
     args = parser.parse_args(["data", "preprocess", "a.jsonl", "b.parquet", "-o", "out/x", "--workers", "4"])
     assert (args.inputs, args.output_prefix, args.workers, args.json_key) == (
         ["a.jsonl", "b.parquet"], "out/x", 4, "text")

@@ -48,7 +48,7 @@ def mcore_single_rank():
         dist.destroy_process_group()
 
 
-def tiny_vlm_config(foundation: str = "llama", **encoder):
+def _tiny_vlm_config(foundation: str = "llama", **encoder):
     """A validated-shape VLM config: 16x16 grey images, 4x4 patches, a 2-layer foundation."""
     from loong_vlm.config import MLPProjectorConfig, ViTConfig, VLMConfig
 
@@ -66,6 +66,12 @@ def tiny_vlm_config(foundation: str = "llama", **encoder):
                               max_position_embeddings=128),
         image_token_id=5,
     )
+
+
+@pytest.fixture(scope="session")
+def tiny_vlm_config():
+    """Factory of a tiny :class:`~loong_vlm.config.VLMConfig` (keyword args go to the encoder)."""
+    return _tiny_vlm_config
 
 
 # Seconds-long runs of the debug VLM that log every step.

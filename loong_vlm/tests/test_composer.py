@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import tiny_vlm_config
 from loong_vlm.composer import place_features
 
 IMAGE = 5
@@ -50,7 +49,7 @@ def _batch(image_positions=range(2, 18), seq=24, batch=2):
     return tokens, torch.arange(seq).expand(batch, seq), images
 
 
-def test_images_change_logits_only_from_the_first_placeholder_on(mcore_single_rank):
+def test_images_change_logits_only_from_the_first_placeholder_on(mcore_single_rank, tiny_vlm_config):
     _, model = _build(tiny_vlm_config())
     tokens, positions, images = _batch()
     with torch.no_grad():
@@ -60,7 +59,7 @@ def test_images_change_logits_only_from_the_first_placeholder_on(mcore_single_ra
     assert (a[:, 2:] - b[:, 2:]).abs().amax() > 1e-3
 
 
-def test_frozen_encoder_gets_no_gradient_but_projector_does(mcore_single_rank):
+def test_frozen_encoder_gets_no_gradient_but_projector_does(mcore_single_rank, tiny_vlm_config):
     provider, model = _build(tiny_vlm_config(freeze=True))
     tokens, positions, images = _batch()
     batch = {"tokens": tokens, "position_ids": positions, "images": images,
@@ -73,7 +72,7 @@ def test_frozen_encoder_gets_no_gradient_but_projector_does(mcore_single_rank):
     assert int(count) == tokens.numel() and metrics["accuracy"][1] == tokens.numel()
 
 
-def test_patch_merger_quarters_the_image_tokens(mcore_single_rank):
+def test_patch_merger_quarters_the_image_tokens(mcore_single_rank, tiny_vlm_config):
     from loong_vlm.config import MLPProjectorConfig
 
     config = tiny_vlm_config()

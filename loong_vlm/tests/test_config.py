@@ -35,10 +35,11 @@ def test_unknown_component_name_lists_choices():
         load_config(["experiment=vlm_debug", "model.foundation.name=lama"])
 
 
-def test_a_foundation_is_not_accepted_as_encoder():
+def test_a_foundation_is_not_accepted_as_encoder(tiny_vlm_config):
+    from loong_llm.families.llama.config import LlamaConfig
     from loong_vlm.provider import VLMProvider
 
-    cfg = load_config(["experiment=vlm_debug", "model.encoder.name=llama", "~model.encoder.patch_size",
-                       "~model.encoder.image_size", "~model.encoder.num_channels", "~model.encoder.freeze"])
+    config = tiny_vlm_config()
+    config.encoder = LlamaConfig(name="llama")
     with pytest.raises(ConfigError, match="'model.encoder.name' = 'llama' is not a encoder; installed encoders: vit"):
-        VLMProvider(cfg.model)
+        VLMProvider(config)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
@@ -26,13 +25,19 @@ def test_sample_has_one_image_expanded_into_its_tokens(digits):
     assert float(sample["images"].min()) >= -1.0 and float(sample["images"].max()) <= 1.0
 
 
-def test_loss_is_on_the_reply_and_accuracy_on_the_digit(digits):
+def test_loss_and_accuracy_are_on_the_digit_by_default(digits):
     sample = digits.sample(7)
-    reply = sample["labels"][sample["loss_mask"] > 0].tolist()
-    text = digits.tokenizer.tokenizer.decode(reply, skip_special_tokens=False)
-    assert text == f"{digits.labels[7]}<|im_end|>\n"
     answer = sample["labels"][sample["answer_mask"] > 0].tolist()
     assert digits.tokenizer.decode(answer) == str(digits.labels[7])
+    assert torch.equal(sample["loss_mask"], sample["answer_mask"])
+
+
+def test_loss_can_cover_the_whole_assistant_reply():
+    module = DigitsVQADataModule(DigitsVQAConfig(name="digits_vqa", seq_length=32, train_end_of_turn=True))
+    module.setup()
+    sample = module.sample(7)
+    reply = sample["labels"][sample["loss_mask"] > 0].tolist()
+    assert module.tokenizer.tokenizer.decode(reply, skip_special_tokens=False) == f"{module.labels[7]}<|im_end|>\n"
 
 
 def test_held_out_digits_never_appear_in_training(digits):
@@ -46,11 +51,13 @@ def test_held_out_digits_never_appear_in_training(digits):
 def test_too_short_sequence_is_a_clear_error():
     module = DigitsVQADataModule(DigitsVQAConfig(name="digits_vqa", seq_length=20))
     module.setup()
-    with pytest.raises(ConfigError, match="needs 31 positions but data.seq_length is 20"):
+    with pytest.raises(ConfigError, match="needs 32 positions but data.seq_length is 20"):
         module.sample(0)
 
 
 def test_balancer_cost_counts_real_tokens(digits):
     sample = digits.sample(0)
-    assert digits.sample_cost(sample) == 31.0
-    assert np.isclose(float(torch.as_tensor(sample["loss_mask"]).sum()), 3.0)
+    assert digits.sample_cost(sample) == 32.0
+    padded = DigitsVQADataModule(DigitsVQAConfig(name="digits_vqa", seq_length=40))
+    padded.setup()
+    assert padded.sample_cost(padded.sample(0)) == 32.0

@@ -4,6 +4,7 @@ then the foundation decoder."""
 from __future__ import annotations
 
 import torch
+from megatron.core import tensor_parallel
 from megatron.core.transformer.module import MegatronModule
 
 
@@ -55,6 +56,13 @@ class VisionLanguageModel(MegatronModule):
         self.pre_process = language_model.pre_process
         self.post_process = language_model.post_process
         self.share_embeddings_and_output_weights = language_model.share_embeddings_and_output_weights
+        if self.pre_process and config.sequence_parallel:
+            # Features go in at full sequence length: the embedding must not scatter the sequence
+            # over the TP ranks; :meth:`embed` scatters after placing them.
+            embedding = language_model.embedding
+            embedding.reduce_scatter_embeddings = False
+            embedding.word_embeddings.reduce_scatter_embeddings = False
+            embedding.scatter_to_sequence_parallel = False
 
     # megatron-core's schedules and finalize_model_grads talk to these
     def set_input_tensor(self, input_tensor) -> None:
@@ -69,13 +77,15 @@ class VisionLanguageModel(MegatronModule):
               images: torch.Tensor | None) -> torch.Tensor:
         """Decoder input ``[s, b, h]``: text embeddings with image features placed in."""
         embeddings = self.language_model.embedding(input_ids=tokens, position_ids=position_ids)
-        if images is None or self.encoder is None or images.numel() == 0:
-            return embeddings
-        images = images.reshape(-1, *images.shape[-3:])  # [b, n_img, c, h, w] -> [b*n_img, ...]
-        features = self.projector(self.encoder(images))  # [b*n_img, t, h]
-        features = features.reshape(-1, features.shape[-1])
-        placed = place_features(embeddings.transpose(0, 1), tokens, features, self.image_token_id)
-        return placed.transpose(0, 1).contiguous()
+        if images is not None and self.encoder is not None and images.numel() > 0:
+            images = images.reshape(-1, *images.shape[-3:])  # [b, n_img, c, h, w] -> [b*n_img, ...]
+            features = self.projector(self.encoder(images))  # [b*n_img, t, h]
+            features = features.reshape(-1, features.shape[-1])
+            placed = place_features(embeddings.transpose(0, 1), tokens, features, self.image_token_id)
+            embeddings = placed.transpose(0, 1).contiguous()
+        if self.config.sequence_parallel:
+            embeddings = tensor_parallel.scatter_to_sequence_parallel_region(embeddings)
+        return embeddings
 
     def forward(self, tokens: torch.Tensor, position_ids: torch.Tensor,
                 attention_mask: torch.Tensor | None = None, images: torch.Tensor | None = None,

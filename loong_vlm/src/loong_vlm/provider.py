@@ -77,8 +77,6 @@ class VLMProvider(ModelProvider):
 
     # -- megatron-core ---------------------------------------------------------------------
     def megatron_config(self, parallel_kwargs: dict):
-        if parallel_kwargs.get("sequence_parallel"):
-            raise ConfigError("parallel.sequence_parallel is not supported by the vlm model yet; set it to false.")
         self.parallel_kwargs = dict(parallel_kwargs)
         return self.foundation.megatron_config(parallel_kwargs)
 
