@@ -30,7 +30,7 @@ def add_parser(subparsers) -> None:
                           help="weights only (the default; kept for scripts)")
     to_loong.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                           help="optim.* / trainer.* settings of the stored LR schedule")
-    to_loong.set_defaults(func=run_hf_to_loong)
+    to_loong.set_defaults(func=run_hf_to_loong, accepts_overrides=True)
     to_hf = sub.add_parser(
         "loong-to-hf", help="loong checkpoint -> HF directory loadable by AutoModelForCausalLM")
     to_hf.add_argument("src", metavar="SRC")
@@ -73,7 +73,7 @@ def run_hf_to_loong(args, extra) -> int:
     from loong_llm.hf.convert import hf_to_loong
 
     result = hf_to_loong(args.family, args.src, args.dst, args.tp, args.pp, args.ep,
-                         _schedule(args.overrides), not args.with_optimizer)
+                         _schedule([*args.overrides, *extra]), not args.with_optimizer)
     mb = result["bytes"] / 1e6
     print(f"converted {args.src} -> {args.dst}: {mb:.1f} MB in {result['seconds']:.1f}s "
           f"({mb / max(result['seconds'], 1e-9):.1f} MB/s)")
