@@ -73,6 +73,7 @@ def test_parallel_layout_follows_the_one_rank_curve(one_rank, layout):
     assert abs(ref[STEPS] - ref[1]) > 1e-3  # the weights move, so a frozen model could not pass
 
 
+@pytest.mark.slow
 def test_default_digits_experiment_reads_held_out_digits(tmp_path):
     """The shipped ``vlm_digits`` run (about 40 s on 2 idle cores) reaches >= 90% held-out accuracy."""
     run_dir = tmp_path / "digits"

@@ -70,6 +70,21 @@ class ViTConfig(VisionEncoderConfig):
 
 
 @dataclass
+class Rope2DViTConfig(ViTConfig):
+    """A Qwen2.5-VL-style ViT: no absolute position embeddings; 2D rotary embeddings (a quarter
+    of each head's frequencies rotate with the patch row, a quarter with its column, each used
+    twice as rotate-half pairs), RMSNorm and a SwiGLU MLP with biases. Window attention and
+    dynamic resolution are not implemented yet. Pair it with the ``merger2x2`` projector for
+    Qwen's 2x2 patch merger.
+
+    Attributes:
+        rope_theta: Base of the rotary frequencies.
+    """
+
+    rope_theta: float = 10000.0
+
+
+@dataclass
 class MLPProjectorConfig(ModelConfig):
     """Two-layer MLP from encoder features to the foundation's hidden size, optionally merging
     each ``spatial_merge_size x spatial_merge_size`` block of neighbouring patches into one token

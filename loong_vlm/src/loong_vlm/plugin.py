@@ -17,6 +17,9 @@ def loong_register_models(register):
              description="vision encoder + projector + any decoder foundation, features at image tokens")
     register("vit", "loong_vlm.encoders.vit:ViTEncoder", config="loong_vlm.config:ViTConfig",
              role="encoder", description="plain ViT (SigLIP / InternViT style) on megatron-core layers")
+    register("vit_rope2d", "loong_vlm.encoders.rope2d_vit:Rope2DViTEncoder",
+             config="loong_vlm.config:Rope2DViTConfig", role="encoder",
+             description="Qwen2.5-VL-style ViT: 2D RoPE, RMSNorm, SwiGLU (no window attention yet)")
     register("mlp_projector", "loong_vlm.projectors:MLPProjector",
              config="loong_vlm.config:MLPProjectorConfig", role="projector",
              description="2-layer MLP (tensor parallel), optional spatial patch merging")

@@ -7,8 +7,8 @@ import copy
 import torch
 
 
-def bidirectional_layer_spec():
-    """Local (no TransformerEngine) transformer layer with LayerNorm and no attention mask.
+def bidirectional_layer_spec(normalization: str = "LayerNorm"):
+    """Local (no TransformerEngine) transformer layer with no attention mask.
 
     megatron-core's GPT local spec with its self-attention switched from causal to ``no_mask``,
     so every patch attends to every other patch of its image.
@@ -16,13 +16,13 @@ def bidirectional_layer_spec():
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.enums import AttnMaskType
 
-    spec = copy.deepcopy(get_gpt_layer_local_spec(normalization="LayerNorm"))
+    spec = copy.deepcopy(get_gpt_layer_local_spec(normalization=normalization))
     spec.submodules.self_attention.params = {**spec.submodules.self_attention.params,
                                              "attn_mask_type": AttnMaskType.no_mask}
     return spec
 
 
-def encoder_transformer_config(cfg, parallel_kwargs: dict):
+def encoder_transformer_config(cfg, parallel_kwargs: dict, **overrides):
     """``TransformerConfig`` of an encoder: its own sizes, the foundation's tensor-parallel size.
 
     The encoder is not pipelined (it lives whole on the first pipeline stage) and does not use
@@ -31,6 +31,7 @@ def encoder_transformer_config(cfg, parallel_kwargs: dict):
     Args:
         cfg: The encoder's config (:class:`~loong_vlm.config.ViTConfig`).
         parallel_kwargs: The run's ``TransformerConfig`` parallel fields.
+        **overrides: Further ``TransformerConfig`` fields (normalization, MLP type...).
     """
     from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -41,7 +42,7 @@ def encoder_transformer_config(cfg, parallel_kwargs: dict):
         raise ConfigError(
             f"model.encoder.num_attention_heads ({cfg.num_attention_heads}) must be divisible by "
             f"tensor_model_parallel_size ({tp}).")
-    return TransformerConfig(
+    fields = dict(
         num_layers=cfg.num_layers,
         hidden_size=cfg.hidden_size,
         num_attention_heads=cfg.num_attention_heads,
@@ -65,3 +66,5 @@ def encoder_transformer_config(cfg, parallel_kwargs: dict):
         pipeline_model_parallel_size=1,
         sequence_parallel=False,
     )
+    fields.update(overrides)
+    return TransformerConfig(**fields)

@@ -57,10 +57,3 @@ class ViTEncoder(MegatronModule):
         x = self.patch_embed(patchify(images, self.cfg.patch_size)) + self.position_embeddings
         x = self.blocks(x.transpose(0, 1).contiguous(), attention_mask=None)  # [T, N, h]
         return x.transpose(0, 1)
-
-    def flops_per_image(self) -> float:
-        """Forward + backward FLOPs of one image (6 x matmul params x patches + attention)."""
-        c, t = self.cfg, self.cfg.num_patches()
-        ffn = c.ffn_hidden_size or 4 * c.hidden_size
-        params = c.num_layers * (4 * c.hidden_size ** 2 + 2 * c.hidden_size * ffn)
-        return 6.0 * params * t + 12.0 * c.num_layers * t * t * c.hidden_size
