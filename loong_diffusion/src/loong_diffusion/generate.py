@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from pathlib import Path
@@ -35,22 +36,38 @@ def _text_condition(path: str) -> tuple[dict, int]:
     return {"text_embeds": embeds, "text_mask": mask}, 1
 
 
+def _prompt_condition(args) -> tuple[dict, int]:
+    """Encode ``--prompt`` with the local text encoder, as `loong data encode-latents` does."""
+    from loong_diffusion.data.encode import _load_text_encoder, encode_text
+
+    encoder, tokenizer = _load_text_encoder(args.text_encoder, args.tokenizer, "cpu", torch.float32)
+    (embeds,) = encode_text(encoder, tokenizer, [args.prompt], args.max_text_length, "cpu")
+    return {"text_embeds": embeds[None], "text_mask": torch.ones(1, embeds.shape[0], dtype=torch.long)}, 1
+
+
 def latent_shape(cfg, batch: int) -> list[int]:
     """Shape of the latents the model was trained on (from the model or data config)."""
     shape = getattr(cfg.data, "latent_shape", None)
     if shape:
         return [batch, *shape]
+    index = Path(getattr(cfg.data, "path", None) or "/nonexistent") / "index.json"
+    if index.is_file():  # a latent cache written by `loong data encode-latents`
+        records = json.loads(index.read_text())["samples"]
+        return [batch, *next(r["latent_shape"] for r in records if "latent_shape" in r)]
     m = cfg.model
     return [batch, m.in_channels, m.image_size, m.image_size]
 
 
 def generate(args) -> dict:
     """Run ``loong sample`` with parsed ``args``; returns a summary dict."""
-    if args.prompt is not None:
-        raise ConfigError("--prompt needs a text encoder, which loong_diffusion does not run yet; "
-                          "pass cached embeddings with --text-embeds FILE.")
+    if args.prompt is not None and not getattr(args, "text_encoder", None):
+        raise ConfigError("--prompt needs the text encoder the training captions were encoded with: "
+                          "pass --text-encoder DIR [--tokenizer DIR] (as given to `loong data "
+                          "encode-latents`), or cached embeddings with --text-embeds FILE.")
     cfg, provider, model = load_trained(args.checkpoint, args.device)
-    if args.text_embeds:
+    if args.prompt is not None:
+        condition, rows = _prompt_condition(args)
+    elif args.text_embeds:
         condition, rows = _text_condition(args.text_embeds)
     else:
         condition, rows = _class_condition(cfg, args.classes, args.per_class)

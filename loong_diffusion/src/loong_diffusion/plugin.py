@@ -26,6 +26,9 @@ def loong_register_datasets(register):
     register("synthetic_latents", "loong_diffusion.data.synthetic:SyntheticLatents",
              config="loong_diffusion.data.config:SyntheticLatentsConfig",
              description="deterministic random latents + text embeddings (debug runs, tests)")
+    register("latent_cache", "loong_diffusion.data.latent_cache:LatentCache",
+             config="loong_diffusion.data.config:LatentCacheConfig",
+             description="latents + text embeddings cached by 'loong data encode-latents'")
 
 
 @hookimpl
@@ -40,6 +43,8 @@ def loong_register_checkpoint_adapters(register):
 def loong_register_cli_commands(register):
     register("sample", "loong_diffusion.cli.sample_cmd:add_parser",
              description="generate an image grid / GIF from a diffusion checkpoint")
+    register("data encode-latents", "loong_diffusion.cli.data_cmd:add_parser",
+             description="encode images / videos and captions once into a latent cache")
 
 
 @hookimpl

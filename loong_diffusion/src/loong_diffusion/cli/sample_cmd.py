@@ -10,15 +10,20 @@ def add_parser(subparsers) -> None:
         help="generate images (PNG grid) or latent videos (GIF) from a diffusion checkpoint",
         description="Load a checkpoint of a loong diffusion run and integrate the flow-matching "
                     "ODE with Euler steps from noise. Class-conditional models take --class; "
-                    "text-conditioned models take --text-embeds (a tensor file of cached prompt "
-                    "embeddings) since no text encoder runs here.",
+                    "text-conditioned models take --prompt with --text-encoder DIR, or "
+                    "--text-embeds (a tensor file of cached prompt embeddings).",
     )
     p.add_argument("--checkpoint", required=True, help="runs/<name>/<time>/checkpoints/iter_NNNNNNN")
     p.add_argument("--class", dest="classes", default="all",
                    help="comma-separated class ids, or 'all' (class-conditional models)")
     p.add_argument("--text-embeds", default=None,
                    help="torch file with 'text_embeds' [N, L, D] and 'text_mask' [N, L] (text models)")
-    p.add_argument("--prompt", default=None, help="a text prompt (needs a text encoder; see --text-embeds)")
+    p.add_argument("--prompt", default=None,
+                   help="a text prompt, encoded with --text-encoder (text-conditioned models)")
+    p.add_argument("--text-encoder", default=None,
+                   help="local text-encoder folder (the one given to `loong data encode-latents`)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the text encoder's)")
+    p.add_argument("--max-text-length", type=int, default=512, help="prompt tokens at most")
     p.add_argument("--per-class", type=int, default=8, help="samples per class (one grid row each)")
     p.add_argument("--steps", type=int, default=None, help="Euler steps (default: model.sample_steps)")
     p.add_argument("--guidance", type=float, default=None, help="CFG scale (default: model.guidance_scale)")

@@ -38,3 +38,20 @@ class SyntheticLatentsConfig(DataConfig):
     text_dim: int = 32
     num_samples: int = 64
     data_seed: int = 0
+
+
+@dataclass
+class LatentCacheConfig(DataConfig):
+    """Latents and text embeddings cached by ``loong data encode-latents``.
+
+    Attributes:
+        path: The cache folder (``index.json``, ``latents/``, ``text/``).
+        text_length: Text tokens per sample: embeddings are zero-padded (or cut) to it, with a mask;
+            None takes the longest caption in the cache.
+        valid_fraction: Share of the samples held out for validation (the last ones, in index order);
+            0 validates on the training samples.
+    """
+
+    path: Optional[str] = None
+    text_length: Optional[int] = None
+    valid_fraction: float = 0.0
