@@ -14,6 +14,18 @@ def _version(package: str) -> str:
         return "-"
 
 
+def _parallel_line(p, layout) -> str:
+    if p.engine == "megatron":
+        return (f"parallel: engine=megatron TP={p.tensor_model_parallel_size} "
+                f"PP={p.pipeline_model_parallel_size} VPP={p.virtual_pipeline_model_parallel_size or 1} "
+                f"EP={p.expert_model_parallel_size} DP={layout.data_parallel_size} "
+                f"SP={p.sequence_parallel} dist-opt={p.use_distributed_optimizer}")
+    sharding = getattr(p, "data_parallel_sharding", "ddp")
+    return (f"parallel: engine={p.engine} {sharding} over DP={layout.data_parallel_size} "
+            f"activation-checkpointing={getattr(p, 'activation_checkpointing', False)} "
+            f"precision={getattr(p, 'mixed_precision', 'auto')}")
+
+
 def banner(cfg, device, layout, num_params: int, system, run_dir) -> str:
     """Multi-line description of the run."""
     p, t = cfg.parallel, cfg.trainer
@@ -26,10 +38,7 @@ def banner(cfg, device, layout, num_params: int, system, run_dir) -> str:
         f"plugins: {plugins}",
         f"experiment: {cfg.name} | model: {cfg.model.name} ({num_params / 1e6:.2f}M parameters) "
         f"| data: {cfg.data.name} (seq {cfg.data.seq_length})",
-        f"parallel: engine={p.engine} TP={p.tensor_model_parallel_size} "
-        f"PP={p.pipeline_model_parallel_size} VPP={p.virtual_pipeline_model_parallel_size or 1} "
-        f"EP={p.expert_model_parallel_size} DP={layout.data_parallel_size} "
-        f"SP={p.sequence_parallel} dist-opt={p.use_distributed_optimizer}",
+        _parallel_line(p, layout),
         f"batch: global {t.global_batch_size} = micro {t.micro_batch_size} x grad-accum "
         f"{grad_accum} x DP {layout.data_parallel_size} | steps {t.train_iters}",
         f"run dir: {run_dir}",
