@@ -7,11 +7,18 @@ import os
 import pytest
 
 
-@pytest.fixture(scope="session", autouse=True)
-def loong_env(tmp_path_factory):
-    """Results must not depend on what else is installed; prepared data is cached per session."""
+@pytest.fixture(scope="session")
+def diffusion_cache(tmp_path_factory):
+    """One prepared-data cache for the whole session."""
+    return os.environ.get("LOONG_TEST_CACHE") or str(tmp_path_factory.mktemp("cache"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def loong_env(diffusion_cache):
+    """Results must not depend on what else is installed: only core + this plugin load in
+    ``loong`` subprocesses. Set per module and restored, so other packages' tests are unaffected."""
     saved = {k: os.environ.get(k) for k in ("LOONG_CACHE", "LOONG_PLUGINS")}
-    os.environ["LOONG_CACHE"] = os.environ.get("LOONG_TEST_CACHE") or str(tmp_path_factory.mktemp("cache"))
+    os.environ["LOONG_CACHE"] = diffusion_cache
     os.environ["LOONG_PLUGINS"] = "diffusion"
     yield
     for key, value in saved.items():
