@@ -134,7 +134,8 @@ def train(overrides: list[str]) -> dict:
 
     def loader(dataset):
         return GlobalBatchLoader(dataset, t.global_batch_size, t.micro_batch_size,
-                                 layout.data_parallel_rank, layout.data_parallel_size, balancer, cost)
+                                 layout.data_parallel_rank, layout.data_parallel_size, balancer, cost,
+                                 collate_fn=getattr(data_module, "collate", None))
 
     run = RunContext(cfg, run_dir, rank, world, layout=layout)
     num_params = engine.num_parameters()

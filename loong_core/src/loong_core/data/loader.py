@@ -46,6 +46,7 @@ class GlobalBatchLoader:
             the same and the balancer sees unit costs without loading other ranks' samples.
         cost_model: Turns the sizes from ``cost`` into costs (``a*L^2 + b*L + c``); None uses the
             sizes as they are.
+        collate_fn: Samples -> micro batch; None stacks every tensor (:func:`collate`).
 
     Attributes:
         last_balance_stats: Max/mean rank cost before (contiguous split) and after balancing of
@@ -55,7 +56,7 @@ class GlobalBatchLoader:
 
     def __init__(self, dataset: Any, global_batch_size: int, micro_batch_size: int, dp_rank: int,
                  dp_size: int, balancer: Callable, cost: Callable[[dict], float] | None = None,
-                 cost_model: CostModel | None = None):
+                 cost_model: CostModel | None = None, collate_fn: Callable[[Sequence[dict]], dict] | None = None):
         if global_batch_size % (micro_batch_size * dp_size):
             raise ValueError(
                 f"global_batch_size {global_batch_size} is not a multiple of micro_batch_size "
@@ -66,6 +67,7 @@ class GlobalBatchLoader:
         self.micro_batch_size = micro_batch_size
         self.dp_rank, self.dp_size = dp_rank, dp_size
         self.balancer, self.cost, self.cost_model = balancer, cost, cost_model
+        self.collate_fn = collate_fn or collate
         self.last_balance_stats: BalanceStats | None = None
         self.num_micro_batches = global_batch_size // (micro_batch_size * dp_size)
 
@@ -92,4 +94,4 @@ class GlobalBatchLoader:
         mine = [indices[j] for j in assignment[self.dp_rank]]
         samples = [cache[i] if i in cache else self.dataset[i] for i in mine]
         m = self.micro_batch_size
-        return [collate(samples[k: k + m]) for k in range(0, len(samples), m)]
+        return [self.collate_fn(samples[k: k + m]) for k in range(0, len(samples), m)]

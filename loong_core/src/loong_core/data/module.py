@@ -34,3 +34,7 @@ class DataModule(Protocol):
 
     def sample_cost(self, sample: dict) -> float:
         """Token count of a sample, used by data balancers (``len(tokens)`` for text)."""
+
+    # Optional: ``collate(samples) -> batch``. A data module that defines it turns a micro batch
+    # of samples into the model's batch itself (for example concatenating variable-size image
+    # patches); without it :func:`loong_core.data.loader.collate` stacks every tensor.
