@@ -57,3 +57,20 @@ def test_cuda_factories_allocate_on_cpu(name):
             "print(torch.zeros(2, device='cuda').device, torch.arange(3, device=0).device)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["cpu", "cpu"]
+
+
+def test_factories_stay_inside_device_context_managers():
+    """After the patches, ``torch.tensor`` under ``with torch.device("meta")`` is still a meta
+    tensor (transformers' from_pretrained relies on it; fresh process so torch's cache of
+    device constructors is not built yet, as in a real run)."""
+    code = (
+        "import torch\n"
+        "from loong_core.devices import mcore_cpu\n"
+        "mcore_cpu.apply()\n"
+        "with torch.device('meta'):\n"
+        "    devices = {torch.tensor([1.0]).device.type, torch.arange(3).device.type,\n"
+        "               torch.zeros(2).device.type}\n"
+        "print(sorted(devices))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['meta']"

@@ -80,7 +80,17 @@ _FACTORIES = ("tensor", "zeros", "ones", "empty", "empty_like", "zeros_like", "o
 
 @_patch
 def cuda_factories():
-    """Tensor factories called with a CUDA device allocate on CPU."""
+    """Tensor factories called with a CUDA device allocate on CPU.
+
+    torch's device context managers (``with torch.device("meta")``, used by transformers'
+    ``from_pretrained``) recognise factories by identity through a cached set built on first use;
+    it is built here, before the wrappers replace the originals, or ``torch.tensor`` would escape
+    the meta context and transformers would skip initialising non-persistent buffers (RoPE
+    ``inv_freq`` came out as uninitialised memory).
+    """
+    from torch.utils._device import _device_constructors
+
+    _device_constructors()
     for name in _FACTORIES:
         original = getattr(torch, name)
         if getattr(original, "_loong_cpu", False):

@@ -90,8 +90,7 @@ def parity_main(argv: list[str] | None = None) -> int:
     from loong_core.config.schema import ParallelConfig
     from loong_core.devices.cpu import CPUBackend
 
-    # Reference logits first: the cpu backend's megatron-core redirects break the rotary
-    # buffers transformers initialises in from_pretrained.
+    # Reference logits first, before any megatron-core state exists in this process.
     expected = {}
     for hf_dir in map(Path, args.dirs):
         ref = tf.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
