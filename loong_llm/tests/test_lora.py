@@ -2,41 +2,19 @@
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 
 from loong_core.errors import ConfigError
+from loong_core.testing import free_port, megatron_single_rank
 from loong_llm.lora import LORA_TARGETS, LoraConfig, apply_lora, lora_parameters, merge_lora
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def mcore_single_rank():
     """One-rank gloo group + megatron parallel state, with the cpu backend's patches."""
-    import torch.distributed as dist
-    from megatron.core import parallel_state as ps
-    from megatron.core import tensor_parallel
-
-    from loong_core.devices.select import select_device
-
-    select_device("cpu").setup()
-    created = not dist.is_initialized()
-    if created:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0,
-                                world_size=1)
-    ps.initialize_model_parallel()
-    tensor_parallel.model_parallel_cuda_manual_seed(1234)
-    yield
-    ps.destroy_model_parallel()
-    if created:
-        dist.destroy_process_group()
+    with megatron_single_rank():
+        yield
 
 
 def tiny_llama(vocab_size: int = 96):
@@ -196,7 +174,7 @@ def test_tensor_parallel_adapters_match_one_rank(mcore_single_rank, tmp_path):
         *(inspect.getsource(f) for f in (batch, _set_b, _tp2_worker)),
         "_tp2_worker(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])",
     ]))
-    out, port = str(tmp_path / "tp2.pt"), str(_free_port())
+    out, port = str(tmp_path / "tp2.pt"), str(free_port())
     procs = [subprocess.Popen([sys.executable, str(script), str(r), port, out],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
     logs = [proc.communicate(timeout=300)[0] for proc in procs]

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
+
+from loong_core.testing import megatron_single_rank
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -21,31 +22,11 @@ def loong_cache(tmp_path_factory):
         os.environ["LOONG_CACHE"] = old
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def mcore_single_rank():
     """One-rank gloo group + megatron parallel state, with the cpu backend's patches."""
-    import torch.distributed as dist
-    from megatron.core import parallel_state as ps
-    from megatron.core import tensor_parallel
-
-    from loong_core.devices.select import select_device
-
-    select_device("cpu").setup()
-    created = not dist.is_initialized()
-    if created:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
-    ps.initialize_model_parallel()
-    tensor_parallel.model_parallel_cuda_manual_seed(1234)
-    yield
-    ps.destroy_model_parallel()
-    if created:
-        dist.destroy_process_group()
+    with megatron_single_rank():
+        yield
 
 
 def _tiny_vlm_config(foundation: str = "llama", **encoder):

@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -99,3 +102,38 @@ def install_plugin(site_dir: str | Path, distribution: str, entry_name: str, mod
     records = [*written, info / "METADATA", info / "entry_points.txt"]
     (info / "RECORD").write_text("".join(f"{p.relative_to(site)},,\n" for p in records))
     return site
+
+
+def free_port() -> int:
+    """A TCP port on the loopback interface that is free right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def megatron_single_rank(seed: int = 1234) -> Iterator[None]:
+    """A one-rank gloo group and megatron-core parallel state in this process, with the cpu
+    backend's patches applied, for tests that build megatron modules directly.
+
+    Args:
+        seed: Seed of megatron's model-parallel RNG tracker.
+    """
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+    from megatron.core import tensor_parallel
+
+    from loong_core.devices.select import select_device
+
+    select_device("cpu").setup()
+    created = not dist.is_initialized()
+    if created:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    ps.initialize_model_parallel()
+    tensor_parallel.model_parallel_cuda_manual_seed(seed)
+    try:
+        yield
+    finally:
+        ps.destroy_model_parallel()
+        if created:
+            dist.destroy_process_group()
