@@ -84,3 +84,28 @@ def test_unit_costs_leave_no_balance_stats():
     loader = GlobalBatchLoader(Numbers(), 8, 2, 0, 2, contiguous)
     loader.micro_batches(0)
     assert loader.last_balance_stats is None
+
+
+class SizedLengths(Lengths):
+    """``Lengths`` that reports sizes from metadata and records which samples were loaded."""
+
+    def __init__(self):
+        self.loaded = []
+
+    def sample_size(self, i):
+        return i % 8
+
+    def __getitem__(self, i):
+        self.loaded.append(i)
+        return super().__getitem__(i)
+
+
+def test_sizes_from_metadata_balance_the_same_and_load_only_this_ranks_samples():
+    for rank in range(2):
+        dataset = SizedLengths()
+        loader = GlobalBatchLoader(dataset, 8, 2, rank, 2, kk_swap, cost=lambda s: int(s["tokens"][1]),
+                                   cost_model=CostModel(a=1.0, b=0.0, c=0.0))
+        mine = [i for batch in loader.micro_batches(1) for i in batch["tokens"][:, 0].tolist()]
+        stats = loader.last_balance_stats
+        assert (stats.mean, stats.max_before, stats.max_after) == (70.0, 126.0, 70.0)
+        assert sorted(dataset.loaded) == sorted(mine) and len(mine) == 4

@@ -43,7 +43,9 @@ class GlobalBatchLoader:
         dp_size: Data-parallel ranks.
         balancer: ``(costs, num_ranks) -> indices per rank``.
         cost: Size of a sample for the balancer (its token length); None means every sample costs
-            the same and the balancer sees unit costs without loading other ranks' samples.
+            the same and the balancer sees unit costs without loading other ranks' samples. A
+            dataset that defines ``sample_size(index)`` (the same size, read from its metadata) is
+            asked that instead, so no rank loads (decodes, tokenizes) samples it does not train on.
         cost_model: Turns the sizes from ``cost`` into costs (``a*L^2 + b*L + c``); None uses the
             sizes as they are.
         collate_fn: Samples -> micro batch; None stacks every tensor (:func:`collate`).
@@ -79,14 +81,16 @@ class GlobalBatchLoader:
     def micro_batches(self, iteration: int) -> list[dict]:
         """This rank's micro batches of global batch ``iteration``."""
         indices = self.global_indices(iteration)
+        cache = {}
         if self.cost is None:
             costs = [1.0] * len(indices)
-            cache = {}
+        elif hasattr(self.dataset, "sample_size"):
+            costs = [float(self.dataset.sample_size(i)) for i in indices]
         else:
             cache = {i: self.dataset[i] for i in indices}
             costs = [float(self.cost(cache[i])) for i in indices]
-            if self.cost_model is not None:
-                costs = self.cost_model.cost(costs).tolist()
+        if self.cost is not None and self.cost_model is not None:
+            costs = self.cost_model.cost(costs).tolist()
         assignment = self.balancer(costs, self.dp_size)
         check_assignment(assignment, len(indices), self.dp_size)
         if self.cost is not None:

@@ -29,7 +29,9 @@ class DataModule(Protocol):
         Each item is a dict of tensors; for language modelling: ``tokens`` and ``labels``
         (int64, ``[seq_length]``), ``loss_mask`` (float32) and ``position_ids`` (int64).
         Item ``i`` must be a pure function of ``(config, seed, i)`` so that a resumed run sees
-        the same samples.
+        the same samples. A dataset may also define ``sample_size(i)`` returning what
+        :meth:`sample_cost` would return for item ``i`` from metadata alone; data balancers then
+        do not load samples other ranks train on.
         """
 
     def sample_cost(self, sample: dict) -> float:
