@@ -110,7 +110,7 @@ def train(overrides: list[str]) -> dict:
     balancer = registry.get("balancer", cfg.data.balancer).load()
 
     device.manual_seed(cfg.trainer.seed)
-    if rank == 0:
+    if rank == 0 if cfg.data.shared_cache else local_rank == 0:
         data_module.prepare()
     torch.distributed.barrier()
     data_module.setup()

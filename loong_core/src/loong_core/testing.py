@@ -15,7 +15,8 @@ from pathlib import Path
 
 
 def run_train(overrides: list[str], nproc: int = 1, env: dict | None = None, timeout: float = 600,
-              check: bool = True) -> subprocess.CompletedProcess:
+              check: bool = True, launch_args: list[str] | None = None,
+              cwd: str | Path | None = None) -> subprocess.CompletedProcess:
     """Run ``loong train OVERRIDES --nproc-per-node N`` in a subprocess.
 
     Args:
@@ -24,14 +25,17 @@ def run_train(overrides: list[str], nproc: int = 1, env: dict | None = None, tim
         env: Extra environment variables.
         timeout: Seconds before the run is killed.
         check: Raise ``AssertionError`` with the output when the exit code is not 0.
+        launch_args: Further ``loong train`` options (``--nnodes 2 --node-rank 1 ...``).
+        cwd: Working directory of the run (None: this process's).
     """
-    cmd = [sys.executable, "-m", "loong_core.cli.main", "train", *overrides, "--nproc-per-node", str(nproc)]
+    cmd = [sys.executable, "-m", "loong_core.cli.main", "train", *overrides, "--nproc-per-node", str(nproc),
+           *(launch_args or [])]
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     # Output goes to files, not pipes: helper processes of a crashed run (megatron-core's
     # checkpoint-writer queue manager) may outlive it and would hold a pipe open. The run gets its
     # own process group, which is cleaned up afterwards.
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=full_env, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=full_env, start_new_session=True, cwd=cwd)
         try:
             returncode = proc.wait(timeout=timeout)
         finally:

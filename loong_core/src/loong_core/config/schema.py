@@ -54,12 +54,16 @@ class DataConfig:
         balancer: Registered data balancer spreading each global batch over DP ranks.
         cache_dir: Where prepared data (tokenizers, indexed datasets) is cached; None picks
             ``$LOONG_CACHE`` or ``~/.cache/loong``.
+        shared_cache: The cache directory is on a filesystem every node sees, so global rank 0
+            prepares the data once; false for node-local disks: the first process of every node
+            prepares its node's copy (preparation is deterministic, so the copies are equal).
     """
 
     name: str = registered("dataset", default="")
     seq_length: int = 256
     balancer: str = registered("balancer", default="none")
     cache_dir: Optional[str] = None
+    shared_cache: bool = True
 
 
 @dataclass

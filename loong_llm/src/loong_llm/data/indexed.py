@@ -178,6 +178,7 @@ def build_gpt_epochs(
     tokenizer: TextTokenizer,
     path_to_cache: str,
     documents: Optional[np.ndarray] = None,
+    shared_cache: bool = True,
 ) -> EpochDataset:
     """Build enough GPTDataset epochs over the indexed dataset at ``prefix``.
 
@@ -197,14 +198,13 @@ def build_gpt_epochs(
         path_to_cache: Folder of megatron-core's cached sample/shuffle indices. Its cache keys
             do not cover ``documents``: use one folder per document selection.
         documents: Indices of the documents to use (int32); None uses all of them.
+        shared_cache: ``path_to_cache`` is on a filesystem all nodes see. When false, global
+            rank 0 sends the index files it built to the first process of every other node, which
+            writes them to its own disk before its node loads them.
 
     Returns:
         At least ``num_samples`` samples (whole epochs).
     """
-    from megatron.core.datasets.blended_megatron_dataset_builder import (
-        BlendedMegatronDatasetBuilder,
-    )
-    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
     from megatron.core.datasets.indexed_dataset import IndexedDataset
     from megatron.core.datasets.utils import Split
 
@@ -227,26 +227,23 @@ def build_gpt_epochs(
         _drop_broken_index_cache(Path(path_to_cache))
     blend: list = [None, None, None]
     blend[index_split.value] = ([prefix], None)
-    epochs = []
-    for epoch in range(num_epochs):
-        epoch_seed = np.random.SeedSequence([seed % 2**63, index_split.value, epoch])
-        config = GPTDatasetConfig(
-            random_seed=int(epoch_seed.generate_state(1)[0]),
-            sequence_length=seq_length,
-            blend_per_split=blend,
-            path_to_cache=path_to_cache,
-            tokenizer=tokenizer,
-            reset_position_ids=False,
-            reset_attention_mask=False,
-            eod_mask_loss=False,
-            create_attention_mask=False,
-        )
-        dataset = BlendedMegatronDatasetBuilder.build_generic_dataset(
-            GPTDataset, lambda: True, True, indexed, prefix, documents, None, index_split, config
-        )
-        if len(dataset) != epoch_length:
-            raise RuntimeError(f"{split} epoch {epoch} has {len(dataset)} samples, not {epoch_length}")
-        epochs.append(dataset)
+
+    def build_all() -> list:
+        return [_build_epoch(prefix, indexed, documents, index_split, blend, seed, epoch, seq_length,
+                             path_to_cache, tokenizer, split, epoch_length) for epoch in range(num_epochs)]
+
+    if not torch_distributed_ready():
+        epochs = build_all()
+    else:
+        import torch.distributed as dist
+
+        # Global rank 0 builds (and caches) first; the others load its cache after a barrier.
+        epochs = build_all() if _builds_first() else None
+        dist.barrier()
+        if not shared_cache:
+            _copy_index_cache_to_nodes(Path(path_to_cache))
+        if epochs is None:
+            epochs = build_all()
     logger.info(
         "%s: %d epoch(s) x %d samples of %d tokens (asked for %d samples)",
         split,
@@ -256,3 +253,57 @@ def build_gpt_epochs(
         num_samples,
     )
     return EpochDataset(epochs, epoch_length)
+
+
+def torch_distributed_ready() -> bool:
+    """True inside an initialised torch.distributed process group."""
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def _copy_index_cache_to_nodes(path_to_cache: Path) -> None:
+    """Collective: global rank 0's cached index files are written by the first process of every
+    node (files it already has are kept); returns after every node has them."""
+    import torch.distributed as dist
+
+    files = None
+    if dist.get_rank() == 0:
+        files = {p.name: p.read_bytes() for p in sorted(path_to_cache.iterdir()) if p.is_file()}
+    payload = [files]
+    dist.broadcast_object_list(payload, src=0)
+    if dist.get_rank() != 0 and int(os.environ.get("LOCAL_RANK", 0)) == 0:
+        path_to_cache.mkdir(parents=True, exist_ok=True)
+        for name, data in payload[0].items():
+            target = path_to_cache / name
+            if not target.exists():
+                tmp = target.with_name(f".{name}.{uuid.uuid4().hex}.tmp")
+                tmp.write_bytes(data)
+                os.replace(tmp, target)
+    dist.barrier()
+
+
+def _build_epoch(prefix, indexed, documents, index_split, blend, seed, epoch, seq_length, path_to_cache,
+                 tokenizer, split, epoch_length):
+    """One GPTDataset epoch (built in this process, or loaded from ``path_to_cache``)."""
+    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+
+    epoch_seed = np.random.SeedSequence([seed % 2**63, index_split.value, epoch])
+    config = GPTDatasetConfig(
+        random_seed=int(epoch_seed.generate_state(1)[0]),
+        sequence_length=seq_length,
+        blend_per_split=blend,
+        path_to_cache=path_to_cache,
+        tokenizer=tokenizer,
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=False,
+        create_attention_mask=False,
+    )
+    dataset = BlendedMegatronDatasetBuilder.build_generic_dataset(
+        GPTDataset, lambda: True, False, indexed, prefix, documents, None, index_split, config
+    )
+    if len(dataset) != epoch_length:
+        raise RuntimeError(f"{split} epoch {epoch} has {len(dataset)} samples, not {epoch_length}")
+    return dataset

@@ -130,7 +130,7 @@ class IndexedDataModule:
             self.setup()
         cfg = self.config
         common = dict(seed=seed, seq_length=cfg.seq_length, tokenizer=self.tokenizer,
-                      path_to_cache=str(self.cache_dir))
+                      path_to_cache=str(self.cache_dir), shared_cache=cfg.shared_cache)
         if cfg.valid_prefix is not None:
             train = build_gpt_epochs(cfg.prefix, "train", num_train_samples, **common)
             valid = build_gpt_epochs(cfg.valid_prefix, "valid", num_valid_samples, **common)

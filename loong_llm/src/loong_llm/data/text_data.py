@@ -210,6 +210,7 @@ class TextDataModule:
                     seq_length=self.config.seq_length,
                     tokenizer=self.tokenizer,
                     path_to_cache=str(self.data_dir / "index_cache"),
+                    shared_cache=self.config.shared_cache,
                 )
             )
         return out[0], out[1]
