@@ -69,6 +69,10 @@ def transformer_kwargs(p: ParallelConfig) -> dict:
         recompute_granularity=p.recompute_granularity,
         recompute_method=p.recompute_method,
         recompute_num_layers=p.recompute_num_layers,
+        # Loss functions return (sum over tokens, token count): gradients are divided once by the
+        # global batch's token count, so how samples are grouped into micro batches and DP ranks
+        # (data balancers, packing) does not change them.
+        calculate_per_token_loss=True,
     )
     if p.recompute_modules is not None:
         kwargs["recompute_modules"] = list(p.recompute_modules)
