@@ -9,8 +9,8 @@ from megatron.core.transformer.module import MegatronModule
 
 
 def place_features(embeddings: torch.Tensor, tokens: torch.Tensor, features: torch.Tensor,
-                   image_token_id: int) -> torch.Tensor:
-    """Put image features at the image placeholder tokens.
+                   image_token_id: int, kind: str = "image") -> torch.Tensor:
+    """Put image (or video) features at their placeholder tokens.
 
     Args:
         embeddings: Text embeddings ``[b, s, h]``.
@@ -18,6 +18,7 @@ def place_features(embeddings: torch.Tensor, tokens: torch.Tensor, features: tor
         features: ``[n, h]`` feature vectors in reading order (sample by sample, image by image,
             token by token); ``n`` must equal the number of placeholders in ``tokens``.
         image_token_id: The placeholder id.
+        kind: ``image`` or ``video`` (for the error message).
 
     Returns:
         ``[b, s, h]``: ``embeddings`` with the placeholder rows replaced (differentiable in both).
@@ -29,9 +30,10 @@ def place_features(embeddings: torch.Tensor, tokens: torch.Tensor, features: tor
     count = int(mask.sum())
     if count != features.shape[0]:
         raise ValueError(
-            f"the batch has {count} image placeholder tokens but the encoder produced "
-            f"{features.shape[0]} image features; the data's tokens per image must equal what "
-            f"the encoder + projector output (model.image_tokens).")
+            f"the batch has {count} {kind} placeholder tokens but the encoder produced "
+            f"{features.shape[0]} {kind} features; the data's tokens per {kind} must equal what "
+            f"the encoder + projector output (model.image_tokens, or the {kind}_grid_thw of "
+            f"dynamic-resolution inputs).")
     return embeddings.masked_scatter(mask.unsqueeze(-1), features.to(embeddings.dtype))
 
 
@@ -43,15 +45,23 @@ class VisionLanguageModel(MegatronModule):
         language_model: The foundation's model chunk (a ``GPTModel``).
         encoder: Vision encoder, or None on stages without the embedding.
         projector: Projector, or None with ``encoder``.
-        image_token_id: Placeholder token id.
+        image_token_id: Placeholder token id of images.
+        video_token_id: Placeholder token id of videos (Qwen-style inputs only).
+
+    Visual inputs come in one of two forms (``docs/vlm_inputs.md``): fixed-size ``images``
+    ``[b, n_img, c, h, w]`` for encoders with a fixed grid, or Qwen-style dynamic resolution:
+    ``pixel_values`` ``[n_patches, c*t*p*p]`` with ``image_grid_thw`` ``[n_images, 3]`` (and the
+    same for videos), for encoders that declare ``dynamic_resolution = True``.
     """
 
-    def __init__(self, config, language_model, encoder, projector, image_token_id: int | None):
+    def __init__(self, config, language_model, encoder, projector, image_token_id: int | None,
+                 video_token_id: int | None = None):
         super().__init__(config=config)
         self.language_model = language_model
         self.encoder = encoder
         self.projector = projector
         self.image_token_id = image_token_id
+        self.video_token_id = video_token_id
         self.model_type = language_model.model_type
         self.pre_process = language_model.pre_process
         self.post_process = language_model.post_process
@@ -73,15 +83,46 @@ class VisionLanguageModel(MegatronModule):
         """The foundation's tied embedding / output weight."""
         return self.language_model.shared_embedding_or_output_weight()
 
-    def embed(self, tokens: torch.Tensor, position_ids: torch.Tensor,
-              images: torch.Tensor | None) -> torch.Tensor:
-        """Decoder input ``[s, b, h]``: text embeddings with image features placed in."""
+    def visual_features(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
+        """Projected features ``[n_tokens, h]`` of Qwen-style patches (all inputs concatenated)."""
+        if not getattr(self.encoder, "dynamic_resolution", False):
+            raise ValueError(f"the batch has pixel_values/image_grid_thw but the encoder "
+                             f"{type(self.encoder).__name__} takes fixed-size 'images'; pick a dynamic-"
+                             f"resolution encoder (model.encoder.name=qwen2_5_vit) or feed 'images'.")
+        return self.projector(self.encoder(pixel_values, grid_thw))
+
+    def embed(self, tokens: torch.Tensor, position_ids: torch.Tensor | None,
+              images: torch.Tensor | None = None, visual: dict | None = None) -> torch.Tensor:
+        """Decoder input ``[s, b, h]``: text embeddings with image / video features placed in.
+
+        Args:
+            tokens: ``[b, s]`` token ids.
+            position_ids: ``[b, s]`` positions (unused by RoPE foundations).
+            images: Fixed-size images ``[b, n_img, c, h, w]``.
+            visual: Qwen-style inputs: ``pixel_values``, ``image_grid_thw``,
+                ``pixel_values_videos``, ``video_grid_thw`` (any may be missing or None).
+        """
         embeddings = self.language_model.embedding(input_ids=tokens, position_ids=position_ids)
+        placed = None
         if images is not None and self.encoder is not None and images.numel() > 0:
             images = images.reshape(-1, *images.shape[-3:])  # [b, n_img, c, h, w] -> [b*n_img, ...]
             features = self.projector(self.encoder(images))  # [b*n_img, t, h]
             features = features.reshape(-1, features.shape[-1])
             placed = place_features(embeddings.transpose(0, 1), tokens, features, self.image_token_id)
+        visual = visual or {}
+        for kind, token_id in (("image", self.image_token_id), ("video", self.video_token_id)):
+            pixels_key = "pixel_values" if kind == "image" else "pixel_values_videos"
+            grid_key = f"{kind}_grid_thw"
+            pixels = visual.get(pixels_key)
+            if pixels is None or pixels.numel() == 0 or self.encoder is None:
+                continue
+            if visual.get(grid_key) is None or token_id is None:
+                raise ValueError(f"the batch has '{pixels_key}' but no '{grid_key}' or the model has "
+                                 f"no placeholder id for it (model.image_token_id / video_token_id).")
+            features = self.visual_features(pixels, visual[grid_key])
+            base = embeddings.transpose(0, 1) if placed is None else placed
+            placed = place_features(base, tokens, features, token_id, kind)
+        if placed is not None:
             embeddings = placed.transpose(0, 1).contiguous()
         if self.config.sequence_parallel:
             embeddings = tensor_parallel.scatter_to_sequence_parallel_region(embeddings)
@@ -89,9 +130,17 @@ class VisionLanguageModel(MegatronModule):
 
     def forward(self, tokens: torch.Tensor, position_ids: torch.Tensor,
                 attention_mask: torch.Tensor | None = None, images: torch.Tensor | None = None,
-                labels: torch.Tensor | None = None) -> torch.Tensor:
+                labels: torch.Tensor | None = None, **visual) -> torch.Tensor:
         """Logits ``[b, s, vocab/tp]`` on the last stage (per-token loss with ``labels``),
-        hidden states elsewhere."""
-        decoder_input = self.embed(tokens, position_ids, images) if self.pre_process else None
+        hidden states elsewhere.
+
+        ``position_ids`` is ``[b, s]``, or ``[b, 3, s]`` MRoPE ids for a foundation built with
+        ``position_embedding_type: mrope``. ``visual``: the Qwen-style inputs of :meth:`embed`.
+        """
+        text_positions = position_ids
+        if position_ids is not None and position_ids.dim() == 3:
+            position_ids = position_ids.transpose(0, 1).contiguous()  # [3, b, s] for megatron-core
+            text_positions = None
+        decoder_input = self.embed(tokens, text_positions, images, visual) if self.pre_process else None
         return self.language_model(tokens, position_ids, attention_mask, decoder_input=decoder_input,
                                    labels=labels)

@@ -22,12 +22,27 @@ class VisionEncoderConfig(ModelConfig):
         num_channels: Image channels (1 grey, 3 RGB); the dataset sets it.
         patch_size: Side of a square patch; the image is cut into ``(image_size / patch_size)^2``.
         freeze: Keep the encoder's weights fixed (no gradient, no optimizer update).
+        tensor_model_parallel_size: The encoder's own tensor-parallel size; must divide the
+            foundation's (``parallel.tensor_model_parallel_size``). None: the foundation's. 1: a
+            whole encoder on every foundation-TP rank (``docs/vlm_parallelism.md``).
+        data_layout: What the encoder replicas inside one foundation-TP group compute when the
+            encoder's TP is narrower: ``replicate`` (each encodes every image) or ``shard`` (each
+            encodes its share of the micro batch's images; features are all-gathered).
+        recompute_granularity: The encoder's activation recompute, independent of the
+            foundation's: None, ``full`` or ``selective`` (core attention).
+        recompute_method: ``uniform`` or ``block`` (full recompute; None: uniform).
+        recompute_num_layers: Layers per recompute unit (full recompute; None: 1).
     """
 
     image_size: int = 16
     num_channels: int = 3
     patch_size: int = 4
     freeze: bool = False
+    tensor_model_parallel_size: Optional[int] = None
+    data_layout: Literal["replicate", "shard"] = "replicate"
+    recompute_granularity: Optional[Literal["full", "selective"]] = None
+    recompute_method: Optional[Literal["uniform", "block"]] = None
+    recompute_num_layers: Optional[int] = None
 
     def grid(self) -> tuple[int, int]:
         """Patches per column and per row."""
@@ -118,6 +133,8 @@ class VLMConfig(ModelConfig):
         image_tokens: Placeholder tokens per image in the data; the dataset sets it and it must
             equal what encoder + projector produce per image (checked before building).
         freeze_foundation: Keep the foundation's weights fixed (train encoder / projector only).
+        video_token_id: Token id of the video placeholder (Qwen-style ``pixel_values_videos``
+            inputs); the dataset sets it. None: the model takes no videos.
     """
 
     encoder: ModelConfig = component("model")
@@ -126,3 +143,4 @@ class VLMConfig(ModelConfig):
     image_token_id: Optional[int] = None
     image_tokens: Optional[int] = None
     freeze_foundation: bool = False
+    video_token_id: Optional[int] = None

@@ -23,6 +23,32 @@ def loong_register_models(register):
     register("mlp_projector", "loong_vlm.projectors:MLPProjector",
              config="loong_vlm.config:MLPProjectorConfig", role="projector",
              description="2-layer MLP (tensor parallel), optional spatial patch merging")
+    register("qwen2_5_vl", "loong_vlm.qwen2_5_vl.provider:Qwen25VLProvider",
+             config="loong_vlm.qwen2_5_vl.config:Qwen25VLConfig", engines=("megatron",), role="composer",
+             description="Qwen2.5-VL: qwen2_5_vit + qwen2_5_merger + Qwen2.5 decoder with MRoPE (HF interop)")
+    register("qwen2_5_vit", "loong_vlm.qwen2_5_vl.vision:Qwen25VisionEncoder",
+             config="loong_vlm.qwen2_5_vl.config:Qwen25ViTConfig", role="encoder",
+             description="Qwen2.5-VL ViT: dynamic resolution, 2D RoPE, window attention, RMSNorm, SwiGLU")
+    register("qwen2_5_merger", "loong_vlm.qwen2_5_vl.merger:Qwen25PatchMerger",
+             config="loong_vlm.qwen2_5_vl.config:Qwen25MergerConfig", role="projector",
+             description="Qwen2.5-VL patch merger: RMSNorm, 2x2 consecutive patches, MLP (tensor parallel)")
+    register("qwen3_vl", "loong_vlm.qwen3_vl.model:Qwen3VLProvider",
+             config="loong_vlm.qwen3_vl.config:Qwen3VLConfig", engines=("megatron",), role="composer",
+             description="Qwen3-VL: qwen3_vit (merger + deepstack) + Qwen3 decoder with interleaved MRoPE (HF interop)")
+    register("qwen3_vit", "loong_vlm.encoders.qwen3_vit:Qwen3ViTEncoder",
+             config="loong_vlm.qwen3_vl.config:Qwen3ViTConfig", role="encoder",
+             description="Qwen3-VL ViT: dynamic resolution, resampled learned positions, 2D RoPE, deepstack mergers")
+    register("identity", "loong_vlm.qwen3_vl.model:IdentityProjector",
+             config="loong_vlm.qwen3_vl.config:IdentityProjectorConfig", role="projector",
+             description="no projection, for encoders that already output the foundation's width (qwen3_vit)")
+
+
+@hookimpl
+def loong_register_checkpoint_adapters(register):
+    register("qwen2_5_vl", "loong_vlm.qwen2_5_vl.hf_adapter:Qwen25VLHFAdapter",
+             description="Hugging Face <-> loong for Qwen2.5-VL (vision tower included)")
+    register("qwen3_vl", "loong_vlm.qwen3_vl.hf_adapter:Qwen3VLHFAdapter",
+             description="Hugging Face <-> loong for Qwen3-VL (vision tower and deepstack mergers included)")
 
 
 @hookimpl
@@ -30,6 +56,8 @@ def loong_register_datasets(register):
     register("digits_vqa", "loong_vlm.data.digits:DigitsVQADataModule",
              config="loong_vlm.data.config:DigitsVQAConfig",
              description="scikit-learn's handwritten digits asked 'Which digit is this?' (bundled, offline)")
+    register("llava", "loong_vlm.data.llava:LlavaDataModule", config="loong_vlm.data.config:LlavaConfig",
+             description="LLaVA-style JSON/JSONL conversations with images and video frames, dynamic resolution")
 
 
 @hookimpl

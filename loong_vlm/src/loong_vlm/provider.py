@@ -13,6 +13,9 @@ from loong_vlm.config import VLMConfig
 
 logger = logging.getLogger(__name__)
 
+#: Batch keys of Qwen-style dynamic-resolution inputs (``docs/vlm_inputs.md``).
+VISUAL_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
+
 #: Data override keys that configure the encoder (the images decide them).
 _ENCODER_KEYS = ("image_size", "num_channels")
 
@@ -51,37 +54,57 @@ class VLMProvider(ModelProvider):
         self.encoder_cls = _load_component(config.encoder.name, "encoder", "model.encoder.name")
         self.projector_cls = _load_component(config.projector.name, "projector", "model.projector.name")
         self.parallel_kwargs: dict[str, Any] = {}
+        self.encoder_parallel = None  # EncoderParallelPlan, set by megatron_config
 
     def apply_data_overrides(self, overrides: dict[str, Any]) -> None:
         """Vocabulary to the foundation, image geometry to the encoder, placeholder id and count
         to this config; checks the placeholder count against what encoder + projector output."""
+        from loong_vlm.data.geometry import check_vision_geometry, pop_geometry
+
         overrides = dict(overrides)
+        geometry = pop_geometry(overrides)  # dynamic-resolution data: checked against the model, never set
         if "vocab_size" in overrides:
             self.foundation.apply_data_overrides({"vocab_size": overrides.pop("vocab_size")})
         for key in _ENCODER_KEYS:
             if key in overrides:
                 setattr(self.config.encoder, key, overrides.pop(key))
         super().apply_data_overrides(overrides)
+        check_vision_geometry(self.config, geometry)
         expected = self.image_tokens_per_image()
-        if self.config.image_tokens is not None and self.config.image_tokens != expected:
+        if expected is not None and self.config.image_tokens is not None and self.config.image_tokens != expected:
             raise ConfigError(
                 f"the data expands each image into {self.config.image_tokens} placeholder tokens but "
                 f"encoder + projector output {expected} per image ({self.config.encoder.image_size}px "
                 f"images, patch_size {self.config.encoder.patch_size}, spatial_merge_size "
                 f"{getattr(self.config.projector, 'spatial_merge_size', 1)}); set data.image_tokens={expected}.")
 
-    def image_tokens_per_image(self) -> int:
-        """Tokens the encoder + projector output per image."""
+    def image_tokens_per_image(self) -> int | None:
+        """Tokens the encoder + projector output per image (None: dynamic resolution, the data's
+        ``image_grid_thw`` decides)."""
+        if getattr(self.config.encoder, "dynamic_resolution", False):
+            return None
         merge = getattr(self.config.projector, "spatial_merge_size", 1)
         return self.config.encoder.num_patches() // (merge * merge)
 
     # -- megatron-core ---------------------------------------------------------------------
     def megatron_config(self, parallel_kwargs: dict):
+        from loong_vlm.encoder_parallel import plan_encoder_parallel
+
         self.parallel_kwargs = dict(parallel_kwargs)
-        return self.foundation.megatron_config(parallel_kwargs)
+        config = self.foundation.megatron_config(parallel_kwargs)
+        # The encoder's own TP size / data layout (collective: every rank creates its groups).
+        self.encoder_parallel = plan_encoder_parallel(self.config.encoder, self.parallel_kwargs)
+        return config
+
+    def composer_class(self):
+        """The class of the composed module (families with extra wiring, e.g. Qwen3-VL's
+        deepstack, return a subclass of :class:`~loong_vlm.composer.VisionLanguageModel`)."""
+        from loong_vlm.composer import VisionLanguageModel
+
+        return VisionLanguageModel
 
     def build_megatron_model(self, config, pre_process: bool, post_process: bool, vp_stage):
-        from loong_vlm.composer import VisionLanguageModel
+        from loong_vlm.encoder_parallel import build_encoder, projector_config
 
         c = self.config
         language_model = self.foundation.build_megatron_model(config, pre_process, post_process, vp_stage)
@@ -89,10 +112,11 @@ class VLMProvider(ModelProvider):
         if pre_process:
             if c.image_token_id is None:
                 raise ConfigError("model.image_token_id is unknown: use a multimodal dataset or set it.")
-            encoder = self.encoder_cls(c.encoder, self.parallel_kwargs)
-            projector = self.projector_cls(c.projector, encoder.config, encoder.output_size, encoder.grid,
-                                           config.hidden_size)
-        model = VisionLanguageModel(config, language_model, encoder, projector, c.image_token_id)
+            encoder = build_encoder(self.encoder_parallel, self.encoder_cls, c.encoder, self.parallel_kwargs)
+            projector = self.projector_cls(c.projector, projector_config(self.encoder_parallel, encoder.config),
+                                           encoder.output_size, encoder.grid, config.hidden_size)
+        model = self.composer_class()(config, language_model, encoder, projector, c.image_token_id,
+                                      c.video_token_id)
         frozen = {"encoder": getattr(c.encoder, "freeze", False),
                   "projector": getattr(c.projector, "freeze", False),
                   "language_model": c.freeze_foundation}
@@ -110,8 +134,9 @@ class VLMProvider(ModelProvider):
     def forward_step(self, model, batch: dict):
         from loong_vlm.loss import correct_predictions, token_losses
 
+        visual = {key: batch[key] for key in VISUAL_KEYS if batch.get(key) is not None}
         logits = model(batch["tokens"], batch["position_ids"], batch.get("attention_mask"),
-                       images=batch.get("images"))
+                       images=batch.get("images"), **visual)
         labels = batch["labels"]
         loss_mask = batch["loss_mask"].float()
         answer_mask = batch.get("answer_mask", loss_mask).float()

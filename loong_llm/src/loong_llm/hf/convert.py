@@ -243,7 +243,7 @@ def model_overrides(model: dict, config_class) -> list[str]:
             for key, sub in value.items():
                 walk(f"{prefix}.{key}", sub, (default or {}).get(key))
         elif value != default and prefix != "model.name":
-            out.append(f"{prefix}={json.dumps(value) if isinstance(value, list) else value}")
+            out.append(f"{prefix}={json.dumps(value, separators=(',', ':')) if isinstance(value, list) else value}")
 
     walk("model", model, defaults)
     return out
@@ -293,7 +293,11 @@ def loong_to_hf(src: str, dst: str, dtype: str | None = None) -> dict:
     src_path = Path(src)
     model_dict, hf_base, hf_dtype, extra = _model_config_of(src_path)
     entry, adapter = _model_entry(model_dict["name"])
-    cfg = build_dataclass(entry.load_meta("config"), {**model_dict, "init_from_hf": None}, "model")
+    from loong_core.plugins import get_plugin_system
+
+    # the registry resolves nested components (a VLM's encoder / projector / foundation)
+    cfg = build_dataclass(entry.load_meta("config"), {**model_dict, "init_from_hf": None}, "model",
+                          get_plugin_system().registry())
     _init_single_rank()
     provider = entry.load()(cfg)
     p = ParallelConfig()
@@ -303,7 +307,8 @@ def loong_to_hf(src: str, dst: str, dtype: str | None = None) -> dict:
     provider.attach_adapters([model])  # a LoRA run's checkpoint holds its adapters
     loaded = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(src_path))
     model.load_state_dict(loaded["model"], strict=True)
-    if cfg.lora.enabled:
+    lora = getattr(cfg, "lora", None) or getattr(getattr(cfg, "foundation", None), "lora", None)
+    if lora is not None and lora.enabled:  # a VLM's LoRA lives in its foundation's config
         from loong_llm.lora import merge_lora
 
         merge_lora(model)  # HF gets plain weights: W + alpha/r * B A

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from loong_core.config.schema import DataConfig, registered
 from loong_core.errors import ConfigError
@@ -45,3 +46,100 @@ class DigitsVQAConfig(DataConfig):
             raise ConfigError(f"data.valid_size = {self.valid_size} must be in 1..1796.")
         if self.image_size < 1 or self.image_tokens < 1:
             raise ConfigError("data.image_size and data.image_tokens must be positive.")
+
+
+@dataclass
+class LlavaConfig(DataConfig):
+    """LLaVA-style conversations with image files and video frame lists, at dynamic resolution.
+
+    Each record of ``path`` (a JSON list or a JSON-lines file) holds ``conversations``
+    (``{"from": "human" | "gpt" | "system", "value": ...}``) or ``messages`` (``{"role",
+    "content"}``), plus ``image`` (a path or a list of paths) and / or ``video`` (a list of frame
+    paths, or a list of such lists). ``<image>`` / ``<video>`` in the text mark where each goes.
+    Images are resized to multiples of ``patch_size * merge_size`` within the pixel bounds and
+    expand into ``t*h*w / merge_size**2`` placeholder tokens; the loss is on assistant replies.
+
+    Attributes:
+        path: The training records (``.json`` list or ``.jsonl``); None writes and uses the
+            built-in demo set (scikit-learn digits of mixed sizes as single images, pairs and
+            4-frame videos; :mod:`loong_vlm.data.llava_digits`) in the data cache.
+        valid_path: Validation records; None holds out ``valid_fraction`` of ``path``.
+        image_root: Folder relative image / frame paths start from; None: the folder of ``path``.
+        tokenizer: A Hugging Face tokenizer directory with a chat template and Qwen's vision
+            tokens (``<|vision_start|>``, ``<|image_pad|>``, ``<|video_pad|>``,
+            ``<|vision_end|>``); None trains a byte-level BPE of ``vocab_size`` on the
+            conversations with the ChatML template and those tokens.
+        vocab_size: Vocabulary of the trained BPE (special tokens included).
+        valid_fraction: Fraction of the records held out when ``valid_path`` is None.
+        pack: Pack several records into each sequence (block-diagonal attention, positions
+            restarting per record); False gives one record per sequence, padded.
+        skip_too_long: Drop records longer than ``seq_length`` (logged) instead of failing.
+        patch_size: Side of a vision patch (must equal the encoder's).
+        temporal_patch_size: Frames per patch (must equal the encoder's).
+        merge_size: Side of the patch block merged into one token (the encoder's
+            ``spatial_merge_size``).
+        min_pixels: Smallest area an image is resized to.
+        max_pixels: Largest area an image is resized to.
+        video_min_pixels: Smallest area of a video frame.
+        video_max_pixels: Largest area of a video frame.
+        video_max_frames: Frames kept (evenly spaced) from a longer frame list.
+        mrope: Emit 3-row MRoPE position ids ``[3, s]`` (Qwen2-VL-style foundations); False
+            gives plain ``[s]`` positions.
+        tokens_per_second: Temporal MRoPE positions per second of video (the model's
+            ``tokens_per_second``); a record's ``fps`` sets the seconds per temporal patch.
+        video_layout: How a video is laid out in the tokens, as the model family reads it:
+            ``qwen2_5`` (one placeholder run, Qwen2-VL / Qwen2.5-VL MRoPE positions) or
+            ``qwen3_vl`` (a ``<S.s seconds>`` timestamp and its own vision start / end per temporal
+            patch, Qwen3-VL positions; :mod:`loong_vlm.data.video_layout`). The model checks it.
+        balancer: Data balancer (on by default for VLM runs).
+    """
+
+    path: Optional[str] = None
+    valid_path: Optional[str] = None
+    image_root: Optional[str] = None
+    tokenizer: Optional[str] = None
+    vocab_size: int = 1024
+    valid_fraction: float = 0.05
+    pack: bool = True
+    skip_too_long: bool = False
+    patch_size: int = 14
+    temporal_patch_size: int = 2
+    merge_size: int = 2
+    min_pixels: int = 56 * 56
+    max_pixels: int = 28 * 28 * 1280
+    video_min_pixels: int = 56 * 56
+    video_max_pixels: int = 28 * 28 * 256
+    video_max_frames: int = 16
+    mrope: bool = True
+    tokens_per_second: float = 2.0
+    video_layout: str = "qwen2_5"
+    seq_length: int = 2048
+    balancer: str = registered("balancer", default="kk_swap")
+
+    def __post_init__(self):
+        for key in ("patch_size", "temporal_patch_size", "merge_size", "video_max_frames", "min_pixels",
+                    "video_min_pixels"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"data.{key} = {getattr(self, key)} must be positive.")
+        factor = self.patch_size * self.merge_size
+        for low, high in (("min_pixels", "max_pixels"), ("video_min_pixels", "video_max_pixels")):
+            if getattr(self, high) < max(getattr(self, low), factor * factor):
+                raise ConfigError(
+                    f"data.{high} = {getattr(self, high)} must be at least data.{low} "
+                    f"({getattr(self, low)}) and one merge window ((patch_size*merge_size)^2 = {factor ** 2}).")
+        if not 0.0 < self.valid_fraction < 1.0:
+            raise ConfigError(f"data.valid_fraction = {self.valid_fraction} must be in (0, 1).")
+        if self.seq_length < 2:
+            raise ConfigError(f"data.seq_length = {self.seq_length} must be at least 2.")
+        if self.video_layout not in ("qwen2_5", "qwen3_vl"):
+            raise ConfigError(f"data.video_layout = {self.video_layout!r} must be qwen2_5 (Qwen2-VL / Qwen2.5-VL) "
+                              "or qwen3_vl (Qwen3-VL).")
+
+    def vision_processor(self):
+        """The :class:`~loong_vlm.data.vision.VisionProcessor` of these settings."""
+        from loong_vlm.data.vision import VisionProcessor
+
+        return VisionProcessor(
+            patch_size=self.patch_size, temporal_patch_size=self.temporal_patch_size, merge_size=self.merge_size,
+            min_pixels=self.min_pixels, max_pixels=self.max_pixels, video_min_pixels=self.video_min_pixels,
+            video_max_pixels=self.video_max_pixels, video_max_frames=self.video_max_frames)

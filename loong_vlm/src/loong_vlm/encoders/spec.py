@@ -23,10 +23,12 @@ def bidirectional_layer_spec(normalization: str = "LayerNorm"):
 
 
 def encoder_transformer_config(cfg, parallel_kwargs: dict, **overrides):
-    """``TransformerConfig`` of an encoder: its own sizes, the foundation's tensor-parallel size.
+    """``TransformerConfig`` of an encoder: its own sizes, tensor-parallel size and recompute.
 
-    The encoder is not pipelined (it lives whole on the first pipeline stage) and does not use
-    sequence parallelism.
+    The tensor-parallel size is ``model.encoder.tensor_model_parallel_size`` (null: the
+    foundation's; see :mod:`loong_vlm.encoder_parallel`), the recompute settings are the encoder's
+    own ``recompute_*`` fields. The encoder is not pipelined (it lives whole on the first pipeline
+    stage) and does not use sequence parallelism.
 
     Args:
         cfg: The encoder's config (:class:`~loong_vlm.config.ViTConfig`).
@@ -35,13 +37,9 @@ def encoder_transformer_config(cfg, parallel_kwargs: dict, **overrides):
     """
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    tp = parallel_kwargs.get("tensor_model_parallel_size", 1)
-    if cfg.num_attention_heads % tp:
-        from loong_core.errors import ConfigError
+    from loong_vlm.encoder_parallel import encoder_tensor_parallel_size, recompute_fields
 
-        raise ConfigError(
-            f"model.encoder.num_attention_heads ({cfg.num_attention_heads}) must be divisible by "
-            f"tensor_model_parallel_size ({tp}).")
+    tp = encoder_tensor_parallel_size(cfg, parallel_kwargs.get("tensor_model_parallel_size", 1))
     fields = dict(
         num_layers=cfg.num_layers,
         hidden_size=cfg.hidden_size,
@@ -65,6 +63,7 @@ def encoder_transformer_config(cfg, parallel_kwargs: dict, **overrides):
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=1,
         sequence_parallel=False,
+        **recompute_fields(cfg),
     )
     fields.update(overrides)
     return TransformerConfig(**fields)

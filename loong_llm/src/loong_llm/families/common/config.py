@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import Literal, Optional, Union
 
 from loong_core.config.schema import ModelConfig
 from loong_llm.lora import LoraConfig
@@ -54,6 +54,10 @@ class DecoderConfig(ModelConfig):
         untie_embeddings_and_output_weights: Separate output projection (Llama 2/3 8B+).
         add_qkv_bias: Bias on the query/key/value projection (Qwen2).
         qk_layernorm: RMSNorm over each query/key head before RoPE (Qwen3).
+        position_embedding_type: ``rope`` (1D positions ``[b, s]``) or ``mrope`` (multimodal RoPE
+            of Qwen2-VL / 2.5-VL: position ids ``[b, 3, s]`` for time, height and width).
+        mrope_section: With ``mrope``: rotary frequency pairs given to time, height and width
+            (sums to ``head_dim / 2``; Qwen2.5-VL uses ``[16, 24, 24]``).
         init_from_hf: Hugging Face model directory (config.json + safetensors) whose weights
             initialise the model at the start of the run; its architecture fields override
             these (checked against the registered family).
@@ -77,6 +81,8 @@ class DecoderConfig(ModelConfig):
     untie_embeddings_and_output_weights: bool = False
     add_qkv_bias: bool = False
     qk_layernorm: bool = False
+    position_embedding_type: Literal["rope", "mrope"] = "rope"
+    mrope_section: Optional[list[int]] = None
     init_from_hf: Optional[str] = None
     lora: LoraConfig = field(default_factory=LoraConfig)
 

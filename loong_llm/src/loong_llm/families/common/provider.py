@@ -59,6 +59,18 @@ class DecoderProvider(ModelProvider):
 
         return TransformerConfig
 
+    def position_kwargs(self) -> dict[str, Any]:
+        """``TransformerConfig`` fields of the position embedding (``mrope_section`` for MRoPE)."""
+        c = self.config
+        if c.position_embedding_type != "mrope":
+            return {}
+        section = list(c.mrope_section or [])
+        if sum(section) != c.head_dim() // 2 or len(section) != 3:
+            raise ConfigError(
+                f"model.mrope_section = {section} must be 3 numbers (time, height, width) summing to "
+                f"head_dim / 2 = {c.head_dim() // 2} when model.position_embedding_type=mrope.")
+        return {"mrope_section": section}
+
     def megatron_config(self, parallel_kwargs: dict):
         c = self.config
         return self.transformer_config_class()(
@@ -85,6 +97,7 @@ class DecoderProvider(ModelProvider):
             apply_rope_fusion=False,
             gradient_accumulation_fusion=False,
             **self.family_transformer_kwargs(),
+            **self.position_kwargs(),
             **parallel_kwargs,
         )
 
@@ -107,7 +120,7 @@ class DecoderProvider(ModelProvider):
             pre_process=pre_process,
             post_process=post_process,
             share_embeddings_and_output_weights=not c.untie_embeddings_and_output_weights,
-            position_embedding_type="rope",
+            position_embedding_type=c.position_embedding_type,
             rotary_base=c.rotary_base,
             vp_stage=vp_stage,
         )

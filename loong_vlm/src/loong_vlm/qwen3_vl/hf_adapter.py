@@ -1,0 +1,110 @@
+"""HF <-> loong for Qwen3-VL (``Qwen3VLForConditionalGeneration``): config and every tensor,
+vision tower (blocks, merger, deepstack mergers) included. The text decoder is a Qwen3 dense
+model: its table is loong_llm's ``qwen3`` table under the composed model's prefixes."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from loong_core.errors import ConfigError
+from loong_llm.families.qwen3.hf_adapter import Qwen3HFAdapter
+from loong_llm.hf.adapter import HFAdapter, read_hf_config
+from loong_llm.hf.mapping import Rule, RuleSet, Shape
+from loong_vlm.qwen3_vl.rules import PartsRuleSet, vision_rule_set
+
+#: loong ``qwen3_vit`` field -> HF ``vision_config`` key.
+_VISION_FIELDS = {"num_layers": "depth", "hidden_size": "hidden_size", "num_attention_heads": "num_heads",
+                  "ffn_hidden_size": "intermediate_size", "hidden_act": "hidden_act",
+                  "num_channels": "in_channels", "patch_size": "patch_size",
+                  "temporal_patch_size": "temporal_patch_size", "spatial_merge_size": "spatial_merge_size",
+                  "out_hidden_size": "out_hidden_size", "num_position_embeddings": "num_position_embeddings",
+                  "deepstack_visual_indexes": "deepstack_visual_indexes"}
+_TOP_FIELDS = ("image_token_id", "video_token_id")
+
+
+def _text_hf_name(name: str) -> str:
+    """A ``Qwen3ForCausalLM`` tensor name inside ``Qwen3VLForConditionalGeneration``."""
+    return "model.language_model." + name[len("model."):] if name.startswith("model.") else name
+
+
+class Qwen3VLHFAdapter(HFAdapter):
+    """Qwen3-VL checkpoints: ``model.visual.*``, ``model.language_model.*``, ``lm_head``."""
+
+    family = "qwen3_vl"
+    model_types = ("qwen3_vl",)
+    architecture = "Qwen3VLForConditionalGeneration"
+    text = Qwen3HFAdapter()
+
+    # -- config ----------------------------------------------------------------------------
+    def config_from_hf(self, hf: dict) -> dict[str, Any]:
+        """``{"encoder": {...}, "foundation": {...}, "image_token_id", "video_token_id"}``."""
+        text, vision = dict(hf.get("text_config") or {}), dict(hf.get("vision_config") or {})
+        if not text or not vision:
+            raise ConfigError("a Qwen3-VL config.json needs text_config and vision_config.")
+        text.setdefault("tie_word_embeddings", hf.get("tie_word_embeddings", False))
+        foundation = self.text.config_from_hf(text)
+        rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
+        foundation.update(position_embedding_type="mrope", mrope_section=list(rope.get("mrope_section", [24, 20, 20])))
+        encoder = {loong: vision[key] for loong, key in _VISION_FIELDS.items() if key in vision}
+        encoder["deepstack_visual_indexes"] = list(encoder.get("deepstack_visual_indexes", []))
+        encoder["rope_theta"] = float((vision.get("rope_parameters") or {}).get("rope_theta", 10000.0))
+        if encoder.get("out_hidden_size", foundation["hidden_size"]) != foundation["hidden_size"]:
+            raise ConfigError(f"vision_config.out_hidden_size {encoder['out_hidden_size']} differs from "
+                              f"text_config.hidden_size {foundation['hidden_size']}.")
+        return {"encoder": encoder, "foundation": foundation, **{k: hf[k] for k in _TOP_FIELDS if k in hf}}
+
+    def config_to_hf(self, cfg) -> dict[str, Any]:
+        f, e = cfg.foundation, cfg.encoder
+        text = self.text.config_to_hf(f)
+        tie = text.pop("tie_word_embeddings")  # top-level in Qwen3-VL
+        text.pop("use_sliding_window", None)  # not a Qwen3-VL text field
+        text["rope_parameters"] = {**text["rope_parameters"], "mrope_section": list(f.mrope_section),
+                                   "mrope_interleaved": True}
+        vision = {key: getattr(e, loong) for loong, key in _VISION_FIELDS.items()}
+        vision["deepstack_visual_indexes"] = list(e.deepstack_visual_indexes)
+        vision["rope_parameters"] = {"rope_type": "axial", "rope_theta": e.rope_theta}
+        return {"text_config": {**text, "model_type": "qwen3_vl_text"},
+                "vision_config": {**vision, "model_type": "qwen3_vl_vision"},
+                "image_token_id": cfg.image_token_id, "video_token_id": cfg.video_token_id,
+                "tie_word_embeddings": tie}
+
+    def apply_hf_config(self, cfg, hf_dir: str | Path) -> None:
+        """Overwrite the encoder's, the foundation's and the token ids' fields from config.json."""
+        hf = read_hf_config(hf_dir)
+        self.check_model_type(hf, str(Path(hf_dir) / "config.json"))
+        fields = self.config_from_hf(hf)
+        for part in ("encoder", "foundation"):
+            target = getattr(cfg, part)
+            known = {f.name for f in dataclasses.fields(target)}
+            for key, value in fields.pop(part).items():
+                if key not in known:
+                    raise ConfigError(f"internal: {type(target).__name__} has no field {key!r}")
+                setattr(target, key, value)
+        for key, value in fields.items():
+            setattr(cfg, key, value)
+
+    def full_hf_config(self, cfg, base: dict | None, dtype: str) -> dict:
+        """The source config.json (sub-configs merged key by key) updated with loong's fields."""
+        base = dict(base or {})
+        out = super().full_hf_config(cfg, base, dtype)
+        for sub in ("text_config", "vision_config"):
+            out[sub] = {**(base.get(sub) or {}), **out[sub]}
+            out[sub].pop("torch_dtype", None)
+        return out
+
+    # -- tensors ---------------------------------------------------------------------------
+    def rules(self, cfg) -> list[Rule]:
+        return self.rule_set(cfg).rules
+
+    def rule_set(self, cfg) -> PartsRuleSet:
+        f, e = cfg.foundation, cfg.encoder
+        text_rules = [dataclasses.replace(rule, loong="language_model." + rule.loong,
+                                          hf=tuple(map(_text_hf_name, rule.hf)))
+                      for rule in self.text.rules(f)]
+        shape = Shape(num_heads=f.num_attention_heads, num_groups=f.num_query_groups or f.num_attention_heads,
+                      head_dim=f.head_dim(), vocab_size=f.vocab_size)
+        vision = vision_rule_set(e.num_attention_heads, e.hidden_size // e.num_attention_heads,
+                                 len(e.deepstack_visual_indexes))
+        return PartsRuleSet([RuleSet(text_rules, shape), vision])

@@ -1,0 +1,172 @@
+"""Qwen3-VL computes transformers' ``Qwen3VLForConditionalGeneration``: position ids equal
+``get_rope_index``, interleaved MRoPE angles equal its rotary embedding, logits of a tiny random
+model with two images of different sizes and a video match within 1e-4 (fp32) at TP1 and TP2,
+and HF -> loong -> HF through ``loong convert`` is bit-exact."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from loong_llm.hf.convert import free_port
+from loong_vlm.qwen3_vl import testing
+
+TOLERANCE = 1e-4
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    return testing.write_hf_model(tmp_path_factory.mktemp("qwen3_vl") / "hf")
+
+
+def parity(hf_dir, out, nproc: int, *flags: str) -> dict:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port",
+           str(free_port()), "-m", "loong_vlm.qwen3_vl.testing", str(out), str(hf_dir), *flags]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=ENV)
+    assert result.returncode == 0, result.stderr[-6000:]
+    return json.loads(out.read_text())
+
+
+def test_position_ids_match_transformers_get_rope_index():
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLModel
+
+    batch = testing.sample_batch()
+    reference = Qwen3VLModel(testing.hf_config())
+    expected, _ = reference.get_rope_index(batch["tokens"], batch["mm_token_type_ids"], batch["image_grid_thw"],
+                                           batch["video_grid_thw"])
+    assert torch.equal(testing.loong_position_ids(batch), expected.transpose(0, 1))
+
+
+def test_interleaved_mrope_matches_transformers_rotary(mcore_single_rank):
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLTextRotaryEmbedding
+
+    from loong_vlm.qwen3_vl.rope import InterleavedMRoPE
+
+    positions = testing.loong_position_ids(testing.sample_batch()).transpose(0, 1)  # [3, b, s]
+    cos, sin = Qwen3VLTextRotaryEmbedding(testing.hf_config().text_config)(torch.zeros(1), positions)
+    angles = InterleavedMRoPE(kv_channels=32, rotary_percent=1.0, rotary_base=5000)(positions, [6, 5, 5])
+    assert angles.shape == (positions.shape[2], positions.shape[1], 1, 32)
+    ours = angles[:, :, 0].transpose(0, 1)  # [b, s, d]
+    assert (ours.cos() - cos).abs().max() < 1e-6 and (ours.sin() - sin).abs().max() < 1e-6
+
+
+def test_logits_match_transformers_at_tp1(hf_dir, tmp_path):
+    assert parity(hf_dir, tmp_path / "tp1.json", 1)["max_abs_diff"] < TOLERANCE
+
+
+@pytest.mark.multirank
+def test_logits_match_transformers_at_tp2_with_and_without_sequence_parallel(hf_dir, tmp_path):
+    diffs = parity(hf_dir, tmp_path / "tp2.json", 2, "--tp", "2", "--sp")
+    assert diffs["max_abs_diff"] < TOLERANCE and diffs["max_abs_diff_sp"] < TOLERANCE
+
+
+def round_trip(hf_dir, tmp_path, *layout: str) -> None:
+    """HF -> loong (at ``layout``) -> HF through ``loong convert``: same tensors, same config.json."""
+    from safetensors.torch import load_file
+
+    for args in (["hf-to-loong", "--family", "qwen3_vl", *layout, str(hf_dir), str(tmp_path / "ckpt")],
+                 ["loong-to-hf", str(tmp_path / "ckpt"), str(tmp_path / "back")]):
+        result = subprocess.run([sys.executable, "-m", "loong_core.cli.main", "convert", *args], capture_output=True,
+                                text=True, timeout=600, env=ENV)
+        assert result.returncode == 0, result.stderr[-6000:]
+    source, back = load_file(hf_dir / "model.safetensors"), load_file(tmp_path / "back" / "model.safetensors")
+    assert set(source) == set(back) and any(name.startswith("model.visual.deepstack") for name in back)
+    assert all(torch.equal(source[name], back[name]) and source[name].dtype == back[name].dtype for name in source)
+    config = json.loads((hf_dir / "config.json").read_text())
+    assert json.loads((tmp_path / "back" / "config.json").read_text()) == config
+
+
+def test_hf_to_loong_to_hf_is_bit_exact(hf_dir, tmp_path):
+    round_trip(hf_dir, tmp_path)
+
+
+@pytest.mark.multirank
+def test_hf_to_loong_at_tp2_to_hf_is_bit_exact(hf_dir, tmp_path):
+    round_trip(hf_dir, tmp_path, "--tp", "2")  # the TP2 checkpoint reshards to one rank on export
+
+
+def deepstack_gradients(recompute: bool, state: dict | None = None) -> tuple[dict, dict]:
+    """Parameter gradients of one training step of a tiny random Qwen3-VL (and its weights)."""
+    from loong_llm.families.qwen3.config import Qwen3Config
+    from loong_vlm.qwen3_vl.config import Qwen3ViTConfig, Qwen3VLConfig
+    from loong_vlm.qwen3_vl.model import Qwen3VLProvider
+
+    config = Qwen3VLConfig(
+        name="qwen3_vl", image_token_id=testing.IMAGE, video_token_id=testing.VIDEO,
+        encoder=Qwen3ViTConfig(name="qwen3_vit", patch_size=4, num_layers=2, hidden_size=32, num_attention_heads=4,
+                               ffn_hidden_size=64, out_hidden_size=64, num_position_embeddings=36,
+                               deepstack_visual_indexes=[0, 1], recompute_granularity="full" if recompute else None),
+        foundation=Qwen3Config(name="qwen3", num_layers=2, hidden_size=64, num_attention_heads=4,
+                               num_query_groups=2, kv_channels=32, ffn_hidden_size=96, vocab_size=testing.VOCAB,
+                               position_embedding_type="mrope", mrope_section=[6, 5, 5]))
+    provider = Qwen3VLProvider(config)
+    megatron_config = provider.megatron_config({})
+    if recompute:
+        megatron_config.recompute_granularity, megatron_config.recompute_method = "full", "uniform"
+        megatron_config.recompute_num_layers = 1
+    model = provider.build_megatron_model(megatron_config, True, True, None)
+    if state is not None:
+        model.load_state_dict(state)
+    batch = testing.sample_batch()
+    tokens = batch["tokens"]
+    batch.update(position_ids=testing.loong_position_ids(batch), labels=torch.roll(tokens, -1, 1),
+                 loss_mask=torch.ones(tokens.shape))
+    output, loss_func = provider.forward_step(model, batch)
+    loss_func(output)[0].backward()
+    return {name: p.grad for name, p in model.named_parameters()}, model.state_dict()
+
+
+def test_deepstack_gradients_reach_the_encoder_and_survive_recompute(mcore_single_rank):
+    grads, state = deepstack_gradients(recompute=False)
+    assert all(g is not None for g in grads.values())
+    assert grads["encoder.deepstack_mergers.0.linear_fc2.weight"].abs().sum() > 0
+    assert grads["encoder.deepstack_mergers.1.linear_fc2.weight"].abs().sum() > 0
+    recomputed, _ = deepstack_gradients(recompute=True, state=state)  # encoder and decoder, full
+    assert max((recomputed[name] - g).abs().max() for name, g in grads.items()) < 1e-6
+
+
+def test_deepstack_layers_must_be_on_the_first_pipeline_stage():
+    from loong_core.errors import ConfigError
+    from loong_vlm.qwen3_vl.deepstack import DeepstackInjector
+
+    second_stage = SimpleNamespace(layers=[SimpleNamespace(layer_number=3), SimpleNamespace(layer_number=4)])
+    with pytest.raises(ConfigError, match="first pipeline stage"):
+        DeepstackInjector(second_stage, 2, sequence_parallel=False)
+
+
+def test_adapter_reads_configs_saved_by_older_transformers():
+    """transformers 4.57 wrote ``rope_theta`` beside ``rope_scaling`` (with the MRoPE sections)."""
+    from loong_vlm.qwen3_vl.hf_adapter import Qwen3VLHFAdapter
+
+    hf = testing.hf_config().to_dict()
+    text = hf["text_config"]
+    text["rope_scaling"] = {"rope_type": "default", "mrope_section": [6, 5, 5], "mrope_interleaved": True}
+    text["rope_theta"] = 5000000
+    del text["rope_parameters"]
+    fields = Qwen3VLHFAdapter().config_from_hf(hf)
+    assert fields["foundation"]["rotary_base"] == 5000000.0
+    assert fields["foundation"]["mrope_section"] == [6, 5, 5]
+    assert fields["encoder"]["deepstack_visual_indexes"] == [0, 2]
+    assert (fields["image_token_id"], fields["video_token_id"]) == (testing.IMAGE, testing.VIDEO)
+
+
+def test_qwen3_vl_debug_experiment_trains(tmp_path):
+    """Three steps of ``experiment=qwen3_vl_debug`` on the LLaVA demo set (packed, images and videos)."""
+    import math
+
+    from loong_core.testing import read_metrics, run_train
+
+    run_train(["experiment=qwen3_vl_debug", "trainer.train_iters=3", "trainer.log_interval=1",
+               "trainer.progress_bar=false", "trainer.tensorboard=false", "trainer.save_at_end=false",
+               "trainer.eval_interval=0", f"trainer.run_dir={tmp_path}"])
+    train = read_metrics(tmp_path)
+    assert [r["step"] for r in train] == [1, 2, 3]
+    assert all(math.isfinite(r["loss"]) for r in train) and train[-1]["loss"] < train[0]["loss"]
+    assert "video_layout: qwen3_vl" in (tmp_path / "config.yaml").read_text()  # timestamped video frames
