@@ -74,3 +74,17 @@ def test_tp2_checkpoint_loads_at_tp1_and_back(tiny, tmp_path):
                f"trainer.resume={tp1 / 'checkpoints' / 'iter_0000008'}",
                "trainer.train_iters=10"], nproc=2)
     assert sorted(losses(back)) == [9, 10]
+
+
+def test_init_from_takes_a_run_directory_and_refuses_other_shapes(tiny, tmp_path):
+    source = tmp_path / "source"
+    run_train([*tiny, "trainer.train_iters=2", f"trainer.run_dir={source}"])
+    fresh = tmp_path / "fresh"
+    run_train([*tiny, "trainer.train_iters=1", f"trainer.run_dir={fresh}", f"trainer.init_from={source}"])
+    assert sorted(losses(fresh)) == [1]
+
+    # Another vocabulary gives a smaller embedding; dist_checkpointing alone would load a slice.
+    other = run_train([*tiny, "trainer.train_iters=1", "data.vocab_size=384", f"trainer.run_dir={tmp_path / 'x'}",
+                       f"trainer.init_from={source}"], check=False)
+    assert other.returncode != 0
+    assert "embedding.word_embeddings.weight: checkpoint [512, 64], model [384, 64]" in other.stderr + other.stdout

@@ -63,8 +63,7 @@ def choose_run_dir(cfg) -> tuple[Path, Path | None]:
     if t.resume == "auto":
         resume_from = store.find_latest(run_dir / "checkpoints")
     elif t.resume not in ("none", ""):
-        resume_from = Path(t.resume)
-        store.read_record(resume_from)  # clear error for a bad path before anything is built
+        resume_from = store.resolve_checkpoint(t.resume)  # clear error before anything is built
     return run_dir, resume_from
 
 
@@ -150,10 +149,10 @@ def train(overrides: list[str]) -> dict:
     elif t.init_from:
         from loong_core.checkpoint import store
 
-        store.read_record(Path(t.init_from))
-        engine.load_model_weights(t.init_from)
+        source = store.resolve_checkpoint(t.init_from)
+        engine.load_model_weights(str(source))
         if rank == 0:
-            logger.info("initialised model weights from %s", t.init_from)
+            logger.info("initialised model weights from %s", source)
     elif t.resume == "auto" and rank == 0:
         logger.info("trainer.resume=auto: no checkpoint in %s, starting fresh", run_dir)
     try:

@@ -63,8 +63,25 @@ def read_record(path: Path) -> dict:
     except (OSError, ValueError) as exc:
         raise CheckpointError(
             f"{path} is not a complete loong checkpoint ({COMPLETE_FILE} missing or unreadable: "
-            f"{exc}). Point trainer.resume at a directory named iter_NNNNNNN that contains it."
+            f"{exc}). Point trainer.resume (or trainer.init_from) at a directory named iter_NNNNNNN "
+            "that contains it, or at a run directory to take its newest complete checkpoint."
         ) from None
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """The checkpoint ``path`` names: a complete ``iter_N`` directory as it is, or the newest
+    complete checkpoint of a run directory (``<path>/checkpoints/iter_N``).
+
+    Raises:
+        CheckpointError: Neither (the message says what was expected).
+    """
+    path = Path(path)
+    if not (path / COMPLETE_FILE).exists():
+        latest = find_latest(path / "checkpoints") if (path / "checkpoints").is_dir() else None
+        if latest is not None:
+            return latest
+    read_record(path)
+    return path
 
 
 def _barrier() -> None:

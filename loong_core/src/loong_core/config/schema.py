@@ -169,9 +169,11 @@ class TrainerConfig:
         save_at_end: Save a checkpoint after the last step.
         run_dir: Directory of this run (checkpoints, metrics); None: ``runs/<name>/<time>``.
         resume: ``none``, ``auto`` (newest complete checkpoint of the run dir, or of the newest
-            run of this experiment when run_dir is unset) or a checkpoint directory.
-        init_from: Checkpoint directory whose model weights initialise a fresh run (any parallel
-            layout; optimizer, schedule and iteration start anew). Ignored when resuming.
+            run of this experiment when run_dir is unset), a checkpoint directory (``iter_N``) or a
+            run directory (its newest complete checkpoint).
+        init_from: Checkpoint (or run) directory whose model weights initialise a fresh run (any
+            parallel layout; optimizer, schedule and iteration start anew; tensor shapes must match
+            the model's). Ignored when resuming.
         progress_bar: Show a progress bar on local rank 0 when stderr is a terminal.
         tensorboard: Write TensorBoard event files.
         exit_on_nan: Stop with an error when the loss becomes NaN/inf.

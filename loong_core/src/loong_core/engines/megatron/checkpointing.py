@@ -14,6 +14,36 @@ def _model_sharded_state(engine) -> dict:
     return {f"model{i}": chunk.module.sharded_state_dict() for i, chunk in enumerate(chunks)}
 
 
+def check_tensor_shapes(model_state: dict, directory: str) -> None:
+    """Refuse a checkpoint whose tensors have other global shapes than the model's.
+
+    dist_checkpointing reads the overlapping part of a bigger tensor without complaint (a
+    512-token embedding loads into a 384-token model), so shapes are compared before loading.
+
+    Raises:
+        CheckpointError: Names every mismatching tensor with both shapes.
+    """
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor
+
+    from loong_core.errors import CheckpointError
+
+    saved = dist_checkpointing.load_tensors_metadata(directory)
+    wrong = []
+    for tensor in nested_values(model_state):
+        if isinstance(tensor, ShardedTensor) and tensor.key in saved:
+            want, have = tuple(tensor.global_shape), tuple(saved[tensor.key].global_shape)
+            if want != have:
+                wrong.append(f"{tensor.key}: checkpoint {list(have)}, model {list(want)}")
+    if wrong:
+        listed = "; ".join(wrong[:5]) + (f"; and {len(wrong) - 5} more" if len(wrong) > 5 else "")
+        raise CheckpointError(
+            f"{directory} does not fit the model: {listed}. The model config differs from the one the "
+            "checkpoint was written with (vocabulary size, hidden sizes, layers, experts); compare "
+            "with the config.yaml of the run that wrote it.")
+
+
 def _load_model_state(engine, loaded: dict) -> None:
     if len(engine.model) == 1:
         engine.model[0].module.load_state_dict(loaded["model"], strict=True)
@@ -63,6 +93,7 @@ def load(engine, directory: str) -> dict:
     from megatron.core import dist_checkpointing
 
     state = _sharded_state(engine, is_loading=True)
+    check_tensor_shapes(_model_sharded_state(engine), directory)
     state["scheduler"] = None
     state["loong"] = None
     loaded = dist_checkpointing.load(state, directory)
@@ -79,6 +110,7 @@ def load_model_only(engine, directory: str) -> None:
     from megatron.core import dist_checkpointing
 
     state = _model_sharded_state(engine)
+    check_tensor_shapes(state, directory)
     loaded = dist_checkpointing.load(state, directory)
     _load_model_state(engine, loaded)
     # The optimizer holds its own fp32 copies when it shards state; refresh them from the model.

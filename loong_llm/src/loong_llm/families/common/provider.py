@@ -35,7 +35,8 @@ class DecoderProvider(ModelProvider):
             adapter.apply_hf_config(config, config.init_from_hf)
 
     def apply_data_overrides(self, overrides: dict[str, Any]) -> None:
-        """Take the dataset's vocabulary unless the model already has one at least as large."""
+        """Take the dataset's vocabulary; a model loaded from Hugging Face (``init_from_hf``) keeps
+        its own, which must be at least as large as the tokenizer's."""
         overrides = dict(overrides)
         data_vocab = overrides.pop("vocab_size", None)
         if data_vocab is not None:
