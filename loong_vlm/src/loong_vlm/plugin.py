@@ -61,5 +61,11 @@ def loong_register_datasets(register):
 
 
 @hookimpl
+def loong_register_cli_commands(register):
+    register("eval vqa", "loong_vlm.cli.eval_vqa_cmd:add_parser",
+             description="exact-match accuracy of a trained VLM's greedy answers (digits_vqa / llava runs)")
+
+
+@hookimpl
 def loong_config_search_path():
     return "pkg://loong_vlm.conf"

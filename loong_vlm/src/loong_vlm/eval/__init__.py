@@ -1,0 +1,1 @@
+"""Offline evaluation of trained VLMs (``loong eval vqa``)."""
