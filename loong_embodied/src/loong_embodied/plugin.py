@@ -10,6 +10,14 @@ def loong_register_models(register):
     register("flow_policy", "loong_embodied.policies.flow.model:FlowPolicyProvider",
              config="loong_embodied.policies.flow.config:FlowPolicyConfig", engines=("torch",),
              description="image + state + task encoder with a flow-matching action-chunk head")
+    register("pi05", "loong_embodied.policies.pi05.model:Pi05Provider",
+             config="loong_embodied.policies.pi05.config:Pi05Config", engines=("torch",),
+             description="Pi0.5-style VLA: SigLIP + decoder prefix (image, instruction, binned state) and an "
+                         "action expert sharing attention layer by layer, flow matching over action chunks")
+    register("groot", "loong_embodied.policies.groot.model:GrootProvider",
+             config="loong_embodied.policies.groot.config:GrootConfig", engines=("torch",),
+             description="GR00T-N1.6-style VLA: middle-layer VLM features (frozen by default) and a DiT "
+                         "flow-matching action head with AdaLN-zero and cross-attention")
 
 
 @hookimpl

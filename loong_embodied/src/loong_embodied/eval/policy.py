@@ -1,7 +1,8 @@
 """A trained policy loaded from a loong run for closed-loop control (one process, no process group).
 
-The run directory's ``config.yaml`` gives the model config (with the shapes the data set) and the
-dataset it trained on; the dataset's ``meta/stats.json`` and task list give the normalisation and
+The run directory's ``config.yaml`` gives the model (any registered policy whose module has
+``sample(batch, generator)``: ``flow_policy``, ``pi05``, ``groot``), its config (with the shapes the
+data set) and the dataset it trained on; the dataset's ``meta/stats.json`` and task list give the normalisation and
 the task indices; the weights come from a DCP checkpoint (``checkpoints/iter_N``) loaded into a
 freshly built model, whatever the data-parallel layout it was saved with.
 """
@@ -44,7 +45,7 @@ def resolve_checkpoint(path: str | Path) -> tuple[Path, Path]:
 
 
 class LoadedPolicy:
-    """A flow policy with its normalisation, observation history and action-chunk queue.
+    """A trained policy with its normalisation, observation history, instruction and action-chunk queue.
 
     Args:
         checkpoint: Run directory or checkpoint directory.
@@ -61,16 +62,11 @@ class LoadedPolicy:
         from loong_embodied.lerobot.format import read_info
         from loong_embodied.lerobot.meta import read_stats, read_tasks
         from loong_embodied.lerobot.normalize import Normalizer
-        from loong_embodied.policies.flow.config import FlowPolicyConfig
-        from loong_embodied.policies.flow.model import FlowPolicy
 
         self.run_dir, self.checkpoint = resolve_checkpoint(checkpoint)
         raw = yaml.safe_load((self.run_dir / "config.yaml").read_text())
         model_raw, data_raw = raw["model"], raw["data"]
-        if model_raw.get("name") != "flow_policy":
-            raise ConfigError(f"{self.run_dir} trained model '{model_raw.get('name')}'; rollout supports flow_policy")
-        names = {f.name for f in fields(FlowPolicyConfig)}
-        self.config = FlowPolicyConfig(**{k: v for k, v in model_raw.items() if k in names})
+        self.config, self.model = build_policy(model_raw, self.run_dir)
         dataset = os.path.expandvars(os.path.expanduser(data_raw.get("path") or ""))
         if not (Path(dataset) / "meta" / "info.json").is_file():
             raise ConfigError(f"the dataset this run trained on ({dataset or 'data.path unset'}) is missing: "
@@ -81,7 +77,6 @@ class LoadedPolicy:
         self.state_key = data_raw.get("state_key", "observation.state")
         self.action_key = data_raw.get("action_key", "action")
         torch.set_num_threads(1)   # batch-1 inference: extra threads only spin (and slow a shared CPU)
-        self.model = FlowPolicy(self.config)
         with warnings.catch_warnings():   # DCP notes that it loads in a single process: intended here
             warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
             load_model_only(self.model, str(self.checkpoint))
@@ -104,6 +99,7 @@ class LoadedPolicy:
     def reset(self, instruction: str) -> None:
         """Start an episode of the task with this instruction (empty: none yet)."""
         self.task = self.task_index(instruction) if instruction else 0
+        self.instruction = instruction or (self.tasks[0] if self.tasks else "")
         self.states: deque = deque(maxlen=self.config.n_obs_steps)
         self.queue: deque = deque()
 
@@ -121,7 +117,7 @@ class LoadedPolicy:
     def _predict(self, image: np.ndarray | None) -> np.ndarray:
         torch, c = self.torch, self.config
         batch = {"observation.state": torch.from_numpy(np.stack(self.states))[None],
-                 "task_index": torch.tensor([self.task])}
+                 "task_index": torch.tensor([self.task]), "task": [self.instruction]}
         for key in c.image_keys:
             if image is None:
                 raise ConfigError(f"the policy reads camera '{key}' but the environment renders no image")
@@ -129,3 +125,26 @@ class LoadedPolicy:
         with torch.no_grad():
             chunk = self.model.sample(batch, generator=self.generator)[0].numpy()
         return self.normalizer.unnormalize(self.action_key, chunk)
+
+
+def build_policy(model_raw: dict, run_dir: Path):
+    """``(config, model)``: the registered model ``model_raw["name"]`` built from its saved config.
+
+    Raises:
+        ConfigError: The model is not registered or cannot sample actions.
+    """
+    from loong_core.plugins.manager import get_registry
+
+    name = model_raw.get("name")
+    registry = get_registry()
+    if not registry.has("model", name):
+        raise ConfigError(f"{run_dir} trained model '{name}', which no installed plugin registers")
+    entry = registry.get("model", name)
+    config_cls = entry.load_meta("config")
+    names = {f.name for f in fields(config_cls)}
+    config = config_cls(**{k: v for k, v in model_raw.items() if k in names})
+    model = entry.load()(config).build_torch_model()
+    if not hasattr(model, "sample"):
+        raise ConfigError(f"{run_dir} trained model '{name}', which has no sample(batch) method; rollout needs "
+                          "a policy (flow_policy, pi05, groot)")
+    return config, model

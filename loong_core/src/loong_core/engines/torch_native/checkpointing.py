@@ -38,16 +38,40 @@ def save_common(directory: str, scheduler, common_state: dict) -> None:
 def load(engine, directory: str) -> dict:
     """Collective load of what :func:`save` and :func:`save_common` wrote; returns the common state."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
 
     model_state, optim_state = get_state_dict(engine.model, engine.optimizer)
+    _drop_states_not_saved(optim_state, directory)
     state = {"model": model_state, "optimizer": optim_state}
     dcp.load(state, checkpoint_id=directory)
-    set_state_dict(engine.model, engine.optimizer, model_state_dict=state["model"],
-                   optim_state_dict=state["optimizer"])
+    set_model_state_dict(engine.model, state["model"])
+    # Not strict: parameters without a saved state (dropped above) keep a fresh one.
+    set_optimizer_state_dict(engine.model, engine.optimizer, state["optimizer"],
+                             options=StateDictOptions(strict=False))
     extra = torch.load(Path(directory) / STATE_FILE, weights_only=False)
     engine.scheduler.load_state_dict(extra["scheduler"])
     return extra["loong"]
+
+
+def _drop_states_not_saved(optim_state: dict, directory: str) -> None:
+    """Forget the optimizer state of parameters the checkpoint has none for.
+
+    ``get_state_dict`` gives every parameter an (empty) Adam state to load into, but a parameter
+    that never received a gradient before the save has no state in the checkpoint (frozen or
+    unused parts of a model); it keeps a fresh state, as it had when the checkpoint was written.
+    """
+    import torch.distributed.checkpoint as dcp
+
+    saved = dcp.FileSystemReader(directory).read_metadata().state_dict_metadata
+    per_param = optim_state.get("state", {})
+    for name in list(per_param):
+        if not any(f"optimizer.state.{name}.{key}" in saved for key in per_param[name]):
+            del per_param[name]
 
 
 def load_model_only(model, directory: str) -> None:

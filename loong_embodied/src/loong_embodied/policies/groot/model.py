@@ -1,0 +1,123 @@
+"""GR00T-N1.6-style vision-language-action policy on the torch engine.
+
+Backbone: SigLIP patch tokens of each camera and the instruction's byte tokens run through a
+transformers decoder (Llama / Qwen2 layout) built with only ``num_layers`` layers, so its output is
+the "middle layer" features GR00T N1.x conditions on; a LayerNorm follows. With
+``tune_backbone=false`` (GR00T's default) the backbone is frozen (no gradients, run without
+autograd) and only the action head trains.
+
+Action head: a state encoder (one token), an action encoder mixing each noisy action with the
+timestep embedding (plus learned chunk positions), and a DiT whose blocks alternate
+cross-attention to the backbone features and self-attention, conditioned on the timestep through
+AdaLN-zero; a decoder maps the action tokens to velocities. Flow matching with GR00T N1's timestep
+distribution; Euler sampling with ``num_inference_steps`` steps.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from loong_core.engines.model_provider import ModelProvider
+from loong_embodied.policies.common import flow, tokens
+from loong_embodied.policies.common.backbone import VisionEncoder, build_language_model
+from loong_embodied.policies.groot.config import GrootConfig
+from loong_embodied.policies.groot.dit import DiT
+
+
+def mlp(dims: list[int]) -> nn.Sequential:
+    """Linear layers of ``dims`` with SiLU between them."""
+    layers: list[nn.Module] = []
+    for i in range(len(dims) - 1):
+        layers.append(nn.Linear(dims[i], dims[i + 1]))
+        if i < len(dims) - 2:
+            layers.append(nn.SiLU())
+    return nn.Sequential(*layers)
+
+
+class GrootPolicy(nn.Module):
+    """VLM features + DiT flow-matching action head; see the module docstring."""
+
+    def __init__(self, c: GrootConfig):
+        super().__init__()
+        self.config = c
+        self.vision = VisionEncoder(c)
+        self.language = build_language_model(c, tokens.vocab_size(), c.num_layers)
+        if not c.tune_backbone:
+            self.vision.requires_grad_(False)
+            self.language.requires_grad_(False)
+        w = c.head_hidden_size
+        self.features_norm = nn.LayerNorm(c.hidden_size)
+        self.state_encoder = mlp([c.state_dim * c.n_obs_steps, w, w])
+        self.action_in = nn.Linear(c.action_dim, w)
+        self.action_mix = mlp([2 * w, w, w])
+        self.action_positions = nn.Embedding(c.chunk_size, w)
+        self.time_encoder = mlp([c.time_embedding_dim, w, w])
+        self.dit = DiT(w, c.head_layers, c.head_heads, c.hidden_size)
+        self.action_decoder = mlp([w, w, c.action_dim])
+
+    def features(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """Backbone features ``[B, L, hidden]`` (normalised) and their validity mask ``[B, L]``."""
+        c = self.config
+        with torch.set_grad_enabled(c.tune_backbone and torch.is_grad_enabled()):
+            images = self.vision(batch)
+            ids, valid = tokens.encode_instructions(list(batch["task"]), c.max_text_tokens, images.device)
+            embeds = torch.cat([images, self.language.embed_tokens(ids)], dim=1)
+            valid = torch.cat([torch.ones(images.shape[:2], dtype=torch.bool, device=images.device), valid], dim=1)
+            hidden = self.language(inputs_embeds=embeds, attention_mask=valid.long()).last_hidden_state
+        return self.features_norm(hidden), valid
+
+    def velocity(self, batch: dict, x_t: torch.Tensor, t: torch.Tensor, features: torch.Tensor,
+                 valid: torch.Tensor) -> torch.Tensor:
+        """Predicted ``noise - actions`` ``[B, chunk, action_dim]`` at flow time ``t`` given the features."""
+        c = self.config
+        state = self.state_encoder(batch["observation.state"].float().reshape(x_t.shape[0], -1))[:, None]
+        time = flow.sinusoidal(t, self.action_in.out_features)[:, None].expand(-1, c.chunk_size, -1)
+        actions = self.action_mix(torch.cat([self.action_in(x_t), time], dim=-1))
+        actions = actions + self.action_positions.weight[None]
+        cond = self.time_encoder(flow.sinusoidal(t, c.time_embedding_dim))
+        out = self.dit(torch.cat([state, actions], dim=1), cond, features, valid)
+        return self.action_decoder(out[:, -c.chunk_size:])
+
+    def forward(self, batch: dict, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return self.velocity(batch, x_t, t, *self.features(batch))
+
+    @torch.no_grad()
+    def sample(self, batch: dict, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Normalised action chunks ``[B, chunk, action_dim]``: Euler steps, backbone run once."""
+        c = self.config
+        features, valid = self.features(batch)
+        shape = (features.shape[0], c.chunk_size, c.action_dim)
+        x = flow.euler_sample(lambda x_t, t: self.velocity(batch, x_t, t, features, valid), shape,
+                              c.num_inference_steps, features.device, generator)
+        return x.clamp(-c.action_clip, c.action_clip) if c.action_clip else x
+
+
+class GrootProvider(ModelProvider):
+    """Registers :class:`GrootPolicy` with the torch engine."""
+
+    engines = ("torch",)
+    reported_metrics = ("loss",)
+
+    def build_torch_model(self) -> nn.Module:
+        return GrootPolicy(self.config)
+
+    def torch_blocks(self, model: Any) -> list[Any]:
+        return [*model.vision.blocks(), *model.language.layers, *model.dit.blocks]
+
+    def torch_forward_step(self, model: Any, batch: dict):
+        actions = flow.chunk_actions(batch)
+        s = self.config.noise_s
+        noise, t = flow.flow_draws(actions, batch.get("noise_seed"), lambda u: flow.groot_time(u, s))
+        x_t, target = flow.interpolate(actions, noise, t)
+        return flow.masked_flow_loss(model(batch, x_t, t), target, batch)
+
+    def tokens_in(self, batch: dict) -> int:
+        """Samples in the micro batch (reported as tokens/s)."""
+        return int(batch["action"].shape[0])
+
+    def flops_per_token(self, seq_length: int) -> float:
+        """Not modelled."""
+        return 0.0
