@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
-from loong_core.config.schema import ModelConfig
+from loong_embodied.policies.shapes import PolicyShapesConfig
 
 
 @dataclass
-class VLAConfig(ModelConfig):
+class VLAConfig(PolicyShapesConfig):
     """Shapes (the data fills them), the vision encoder, the language backbone and sampling.
 
     The backbone is built from transformers classes from these sizes (random weights): a SigLIP
@@ -42,13 +42,6 @@ class VLAConfig(ModelConfig):
             (1.0 is the range of ``min_max`` normalisation); None: no clipping.
     """
 
-    state_dim: int = 39
-    action_dim: int = 4
-    chunk_size: int = 16
-    n_obs_steps: int = 1
-    image_size: Optional[list[int]] = None
-    image_keys: list[str] = field(default_factory=list)
-    num_tasks: int = 1
     patch_size: int = 16
     vision_hidden_size: int = 768
     vision_layers: int = 12

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Optional
+from dataclasses import dataclass
 
-from loong_core.config.schema import ModelConfig
+from loong_embodied.policies.shapes import PolicyShapesConfig
 
 
 @dataclass
-class FlowPolicyConfig(ModelConfig):
+class FlowPolicyConfig(PolicyShapesConfig):
     """A small policy: image + state + task features condition a flow-matching action-chunk head.
 
     The data fills the shapes (``data=lerobot`` sets them from the dataset), so only the widths
@@ -29,13 +28,6 @@ class FlowPolicyConfig(ModelConfig):
         num_inference_steps: Euler steps from noise to actions at inference.
     """
 
-    state_dim: int = 39
-    action_dim: int = 4
-    chunk_size: int = 16
-    n_obs_steps: int = 1
-    image_size: Optional[list[int]] = None
-    image_keys: list[str] = field(default_factory=list)
-    num_tasks: int = 1
     hidden_size: int = 256
     num_layers: int = 3
     frequency_dim: int = 64
