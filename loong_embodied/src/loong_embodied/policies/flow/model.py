@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from loong_core.engines.model_provider import ModelProvider
 from loong_embodied.policies.flow.config import FlowPolicyConfig
+from loong_embodied.policies.provider_base import ActionPolicyProvider
 
 
 def time_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
@@ -119,11 +119,8 @@ class FlowPolicy(nn.Module):
         return x
 
 
-class FlowPolicyProvider(ModelProvider):
+class FlowPolicyProvider(ActionPolicyProvider):
     """Registers :class:`FlowPolicy` with the torch engine."""
-
-    engines = ("torch",)
-    reported_metrics = ("loss",)
 
     def build_torch_model(self) -> nn.Module:
         return FlowPolicy(self.config)
@@ -145,11 +142,3 @@ class FlowPolicyProvider(ModelProvider):
         loss_sum = per_sample.sum()
         count = torch.tensor(float(actions.shape[0]), device=actions.device)
         return loss_sum, count, {"loss": torch.stack([loss_sum.detach(), count])}
-
-    def tokens_in(self, batch: dict) -> int:
-        """Samples in the micro batch (reported as tokens/s)."""
-        return int(batch["action"].shape[0])
-
-    def flops_per_token(self, seq_length: int) -> float:
-        """Not modelled (convolutions dominate and depend on the image size)."""
-        return 0.0

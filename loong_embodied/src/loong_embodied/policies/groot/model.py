@@ -20,11 +20,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from loong_core.engines.model_provider import ModelProvider
 from loong_embodied.policies.common import flow, tokens
 from loong_embodied.policies.common.backbone import VisionEncoder, build_language_model
 from loong_embodied.policies.groot.config import GrootConfig
 from loong_embodied.policies.groot.dit import DiT
+from loong_embodied.policies.provider_base import FlowMatchingVLAProvider
 
 
 def mlp(dims: list[int]) -> nn.Sequential:
@@ -95,29 +95,13 @@ class GrootPolicy(nn.Module):
         return x.clamp(-c.action_clip, c.action_clip) if c.action_clip else x
 
 
-class GrootProvider(ModelProvider):
-    """Registers :class:`GrootPolicy` with the torch engine."""
+class GrootProvider(FlowMatchingVLAProvider):
+    """Registers :class:`GrootPolicy` with the torch engine (GR00T's flow-time distribution)."""
 
-    engines = ("torch",)
-    reported_metrics = ("loss",)
+    policy_class = GrootPolicy
 
-    def build_torch_model(self) -> nn.Module:
-        return GrootPolicy(self.config)
+    def flow_time(self, u):
+        return flow.groot_time(u, self.config.noise_s)
 
     def torch_blocks(self, model: Any) -> list[Any]:
         return [*model.vision.blocks(), *model.language.layers, *model.dit.blocks]
-
-    def torch_forward_step(self, model: Any, batch: dict):
-        actions = flow.chunk_actions(batch)
-        s = self.config.noise_s
-        noise, t = flow.flow_draws(actions, batch.get("noise_seed"), lambda u: flow.groot_time(u, s))
-        x_t, target = flow.interpolate(actions, noise, t)
-        return flow.masked_flow_loss(model(batch, x_t, t), target, batch)
-
-    def tokens_in(self, batch: dict) -> int:
-        """Samples in the micro batch (reported as tokens/s)."""
-        return int(batch["action"].shape[0])
-
-    def flops_per_token(self, seq_length: int) -> float:
-        """Not modelled."""
-        return 0.0

@@ -16,13 +16,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from loong_core.engines.model_provider import ModelProvider
 from loong_core.errors import ConfigError
 from loong_embodied.policies.common import flow, tokens
 from loong_embodied.policies.common.backbone import VisionEncoder, build_language_model
 from loong_embodied.policies.common.conditioning import AdaRMSNorm
 from loong_embodied.policies.pi05.config import Pi05Config
 from loong_embodied.policies.pi05.layers import ExpertLayer, JointLayer
+from loong_embodied.policies.provider_base import FlowMatchingVLAProvider
 
 
 class Pi05Policy(nn.Module):
@@ -111,28 +111,13 @@ class Pi05Policy(nn.Module):
         return x.clamp(-c.action_clip, c.action_clip) if c.action_clip else x
 
 
-class Pi05Provider(ModelProvider):
-    """Registers :class:`Pi05Policy` with the torch engine."""
+class Pi05Provider(FlowMatchingVLAProvider):
+    """Registers :class:`Pi05Policy` with the torch engine (Pi0's Beta flow-time distribution)."""
 
-    engines = ("torch",)
-    reported_metrics = ("loss",)
+    policy_class = Pi05Policy
 
-    def build_torch_model(self) -> nn.Module:
-        return Pi05Policy(self.config)
+    def flow_time(self, u):
+        return flow.pi0_time(u)
 
     def torch_blocks(self, model: Any) -> list[Any]:
         return [*model.vision.blocks(), *model.layers]
-
-    def torch_forward_step(self, model: Any, batch: dict):
-        actions = flow.chunk_actions(batch)
-        noise, t = flow.flow_draws(actions, batch.get("noise_seed"), flow.pi0_time)
-        x_t, target = flow.interpolate(actions, noise, t)
-        return flow.masked_flow_loss(model(batch, x_t, t), target, batch)
-
-    def tokens_in(self, batch: dict) -> int:
-        """Samples in the micro batch (reported as tokens/s)."""
-        return int(batch["action"].shape[0])
-
-    def flops_per_token(self, seq_length: int) -> float:
-        """Not modelled."""
-        return 0.0
