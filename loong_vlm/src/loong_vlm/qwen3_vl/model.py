@@ -112,6 +112,13 @@ class Qwen3VLProvider(VLMProvider):
         if ps.get_pipeline_model_parallel_world_size() > 1:
             raise ConfigError("loading a Qwen3-VL HF checkpoint supports pipeline_model_parallel_size=1 "
                               "only (convert at PP1; loong checkpoints reshard to other layouts).")
+        encoder_tp = getattr(self.config.encoder, "tensor_model_parallel_size", None)
+        if encoder_tp not in (None, ps.get_tensor_model_parallel_world_size()):
+            raise ConfigError(
+                f"loading a Qwen3-VL HF checkpoint with model.encoder.tensor_model_parallel_size={encoder_tp} "
+                f"(the foundation's is {ps.get_tensor_model_parallel_world_size()}) is not supported; convert "
+                "with `loong convert hf-to-loong` at the uniform layout and start from it with "
+                "trainer.init_from (loong checkpoints load into any encoder layout).")
         load_hf_into_chunks(get_adapter("qwen3_vl"), self.config, chunks, self.config.init_from_hf)
 
     def attach_adapters(self, chunks: list[Any]) -> None:
