@@ -8,7 +8,7 @@ nox.options.sessions = ["lint", "tests"]
 nox.options.default_venv_backend = "venv"
 
 PLUGINS = ["loong_llm", "loong_vlm", "loong_diffusion", "loong_embodied"]
-EXTRAS = {"loong_llm": "[data]", "loong_embodied": "[sim]"}
+EXTRAS = {"loong_llm": "[data]", "loong_embodied": "[sim,vla]"}
 # Plugins built on another plugin (installed first in the isolated session).
 REQUIRES = {"loong_vlm": ["loong_llm"]}
 TORCH = "torch==2.13.0"

@@ -5,10 +5,20 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from loong_core.errors import ConfigError
+from loong_core.errors import ConfigError, MissingDependencyError
 from loong_embodied.policies.common.config import VLAConfig
 
 BACKBONES = ("llama", "qwen2")
+
+
+def _transformers():
+    """transformers, or a clear error naming the extra that installs it."""
+    try:
+        import transformers
+    except ImportError as exc:
+        raise MissingDependencyError("transformers", "loong-embodied[vla]",
+                                     "The pi05 / groot policies' backbone") from exc
+    return transformers
 
 
 def language_config(c: VLAConfig, vocab: int, num_layers: int, attn_implementation: str = "sdpa"):
@@ -19,8 +29,7 @@ def language_config(c: VLAConfig, vocab: int, num_layers: int, attn_implementati
     if c.num_heads % c.num_kv_heads:
         raise ConfigError(f"model.num_heads ({c.num_heads}) must be a multiple of model.num_kv_heads "
                           f"({c.num_kv_heads})")
-    import transformers
-
+    transformers = _transformers()
     cls = transformers.LlamaConfig if c.backbone_type == "llama" else transformers.Qwen2Config
     config = cls(vocab_size=vocab, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
                  num_hidden_layers=num_layers, num_attention_heads=c.num_heads,
@@ -32,8 +41,7 @@ def language_config(c: VLAConfig, vocab: int, num_layers: int, attn_implementati
 
 def build_language_model(c: VLAConfig, vocab: int, num_layers: int, attn_implementation: str = "sdpa") -> nn.Module:
     """A randomly initialised ``LlamaModel`` / ``Qwen2Model`` (no LM head)."""
-    import transformers
-
+    transformers = _transformers()
     config = language_config(c, vocab, num_layers, attn_implementation)
     cls = transformers.LlamaModel if c.backbone_type == "llama" else transformers.Qwen2Model
     return cls(config)
@@ -44,8 +52,7 @@ class VisionEncoder(nn.Module):
 
     def __init__(self, c: VLAConfig):
         super().__init__()
-        import transformers
-
+        transformers = _transformers()
         if not c.image_keys or not c.image_size:
             raise ConfigError("this policy reads camera images but the data gives none: use a dataset with an "
                               "image feature (data.image_keys=[observation.image]) or model=flow_policy")
