@@ -44,25 +44,27 @@ def test_grid_from_the_size_alone_matches_the_patches():
 
 
 def test_video_frames_fill_temporal_patches_in_order(hf_processor):
-    """Temporal patch ``t`` holds frames ``2t`` and ``2t+1``; each frame's values equal the image
-    processor's for that frame (which repeats one frame over both temporal slots)."""
+    """Temporal patch ``t`` holds frames ``2t`` and ``2t+1`` (an odd count repeats the last frame,
+    as transformers' video processor pads); each frame's values equal the image processor's for
+    that frame (which repeats one frame over both temporal slots)."""
     rng = np.random.default_rng(7)
-    frames = [_random_image(rng, 24, 40, "RGB") for _ in range(5)]  # 5 frames -> 4 kept
+    frames = [_random_image(rng, 24, 40, "RGB") for _ in range(5)]  # 5 frames + the last again
     processor = VisionProcessor(**GEOMETRY, video_min_pixels=16 * 16, video_max_pixels=64 * 64 * 4)
     patches, grid = processor.video(frames)
     keep = sample_frame_indices(5, processor.video_max_frames, 2)
-    assert keep == [0, 1, 2, 3] and grid == (2, 4, 4)
-    video = patches.reshape(2, 16, 3, 2, 8 * 8)  # [t, patch, channel, time, pixel]
-    for t in range(2):
+    assert keep == [0, 1, 2, 3, 4, 4] and grid == (3, 4, 4)
+    video = patches.reshape(3, 16, 3, 2, 8 * 8)  # [t, patch, channel, time, pixel]
+    for t in range(3):
         for slot in range(2):
-            reference = hf_processor(images=[frames[2 * t + slot]], return_tensors="np")["pixel_values"]
+            reference = hf_processor(images=[frames[keep[2 * t + slot]]], return_tensors="np")["pixel_values"]
             expected = reference.reshape(16, 3, 2, 64)[:, :, 0]
             assert np.abs(video[t, :, :, slot] - expected).max() <= 1e-5
 
 
 def test_frame_sampling_is_even_and_pads_short_videos():
     assert sample_frame_indices(10, 4, 2) == [0, 2, 5, 7]
-    assert sample_frame_indices(7, 16, 2) == [0, 1, 2, 3, 4, 5]
+    assert sample_frame_indices(10, 5, 2) == [0, 2, 5, 7]
+    assert sample_frame_indices(7, 16, 2) == [0, 1, 2, 3, 4, 5, 6, 6]
     assert sample_frame_indices(1, 16, 2) == [0, 0]
 
 

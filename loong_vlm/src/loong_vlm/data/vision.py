@@ -69,16 +69,17 @@ def to_rgb(image):
 
 
 def sample_frame_indices(num_frames: int, max_frames: int, temporal_patch_size: int) -> list[int]:
-    """Frames of a video to keep: evenly spaced, a multiple of ``temporal_patch_size`` of them.
+    """Frames of a video to keep, a multiple of ``temporal_patch_size`` of them.
 
-    At most ``max_frames`` (rounded down to the multiple) are kept; a video shorter than
-    ``temporal_patch_size`` repeats its last frame to fill one temporal patch.
+    A video of at most ``max_frames`` frames keeps all of them and repeats its last frame to fill
+    the last temporal patch (as transformers' Qwen2-VL video processor pads); a longer one is
+    sampled evenly down to ``max_frames`` rounded down to the multiple.
     """
     if num_frames < 1:
         raise ValueError("a video needs at least one frame")
-    keep = min(num_frames, max_frames) // temporal_patch_size * temporal_patch_size
-    if keep == 0:
-        return list(range(num_frames)) + [num_frames - 1] * (temporal_patch_size - num_frames)
+    if num_frames <= max_frames:
+        return list(range(num_frames)) + [num_frames - 1] * (-num_frames % temporal_patch_size)
+    keep = max(max_frames // temporal_patch_size, 1) * temporal_patch_size
     return [i * num_frames // keep for i in range(keep)]
 
 
