@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 from typing import Any
 
 from loong_core.engines.model_provider import ModelProvider
@@ -26,7 +27,7 @@ class ActionPolicyProvider(ModelProvider):
         return 0.0
 
 
-class FlowMatchingVLAProvider(ActionPolicyProvider):
+class FlowMatchingVLAProvider(ActionPolicyProvider, abc.ABC):
     """A VLA trained by flow matching over its action chunk; subclasses name the policy class and
     the flow-time distribution.
 
@@ -36,9 +37,9 @@ class FlowMatchingVLAProvider(ActionPolicyProvider):
 
     policy_class: type
 
+    @abc.abstractmethod
     def flow_time(self, u):
         """Flow time from uniform draws ``u`` (the policy's timestep distribution)."""
-        raise NotImplementedError
 
     def build_torch_model(self):
         return self.policy_class(self.config)

@@ -205,6 +205,8 @@ def build_gpt_epochs(
     Returns:
         At least ``num_samples`` samples (whole epochs).
     """
+    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
     from megatron.core.datasets.indexed_dataset import IndexedDataset
     from megatron.core.datasets.utils import Split
 
@@ -228,15 +230,35 @@ def build_gpt_epochs(
     blend: list = [None, None, None]
     blend[index_split.value] = ([prefix], None)
 
-    def build_all() -> list:
-        return [_build_epoch(prefix, indexed, documents, index_split, blend, seed, epoch, seq_length,
-                             path_to_cache, tokenizer, split, epoch_length) for epoch in range(num_epochs)]
+    def build_epoch(epoch: int):
+        """One GPTDataset epoch, built in this process or loaded from ``path_to_cache``."""
+        epoch_seed = np.random.SeedSequence([seed % 2**63, index_split.value, epoch])
+        config = GPTDatasetConfig(
+            random_seed=int(epoch_seed.generate_state(1)[0]),
+            sequence_length=seq_length,
+            blend_per_split=blend,
+            path_to_cache=path_to_cache,
+            tokenizer=tokenizer,
+            reset_position_ids=False,
+            reset_attention_mask=False,
+            eod_mask_loss=False,
+            create_attention_mask=False,
+        )
+        dataset = BlendedMegatronDatasetBuilder.build_generic_dataset(
+            GPTDataset, lambda: True, False, indexed, prefix, documents, None, index_split, config
+        )
+        if len(dataset) != epoch_length:
+            raise RuntimeError(f"{split} epoch {epoch} has {len(dataset)} samples, not {epoch_length}")
+        return dataset
 
-    if not torch_distributed_ready():
+    def build_all() -> list:
+        return [build_epoch(epoch) for epoch in range(num_epochs)]
+
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
         epochs = build_all()
     else:
-        import torch.distributed as dist
-
         # Global rank 0 builds (and caches) first; the others load its cache after a barrier.
         epochs = build_all() if _builds_first() else None
         dist.barrier()
@@ -253,13 +275,6 @@ def build_gpt_epochs(
         num_samples,
     )
     return EpochDataset(epochs, epoch_length)
-
-
-def torch_distributed_ready() -> bool:
-    """True inside an initialised torch.distributed process group."""
-    import torch.distributed as dist
-
-    return dist.is_available() and dist.is_initialized()
 
 
 def _copy_index_cache_to_nodes(path_to_cache: Path) -> None:
@@ -281,29 +296,3 @@ def _copy_index_cache_to_nodes(path_to_cache: Path) -> None:
                 tmp.write_bytes(data)
                 os.replace(tmp, target)
     dist.barrier()
-
-
-def _build_epoch(prefix, indexed, documents, index_split, blend, seed, epoch, seq_length, path_to_cache,
-                 tokenizer, split, epoch_length):
-    """One GPTDataset epoch (built in this process, or loaded from ``path_to_cache``)."""
-    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
-    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
-
-    epoch_seed = np.random.SeedSequence([seed % 2**63, index_split.value, epoch])
-    config = GPTDatasetConfig(
-        random_seed=int(epoch_seed.generate_state(1)[0]),
-        sequence_length=seq_length,
-        blend_per_split=blend,
-        path_to_cache=path_to_cache,
-        tokenizer=tokenizer,
-        reset_position_ids=False,
-        reset_attention_mask=False,
-        eod_mask_loss=False,
-        create_attention_mask=False,
-    )
-    dataset = BlendedMegatronDatasetBuilder.build_generic_dataset(
-        GPTDataset, lambda: True, False, indexed, prefix, documents, None, index_split, config
-    )
-    if len(dataset) != epoch_length:
-        raise RuntimeError(f"{split} epoch {epoch} has {len(dataset)} samples, not {epoch_length}")
-    return dataset

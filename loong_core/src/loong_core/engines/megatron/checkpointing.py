@@ -93,7 +93,7 @@ def load(engine, directory: str) -> dict:
     from megatron.core import dist_checkpointing
 
     state = _sharded_state(engine, is_loading=True)
-    check_tensor_shapes(_model_sharded_state(engine), directory)
+    check_tensor_shapes({key: value for key, value in state.items() if key != "optimizer"}, directory)
     state["scheduler"] = None
     state["loong"] = None
     loaded = dist_checkpointing.load(state, directory)
