@@ -44,6 +44,12 @@ class DeviceBackend:
 
         return torch.float32
 
+    @property
+    def fast_bf16(self) -> bool:
+        """Whether bf16 matmuls are faster than fp32 here (``parallel.mixed_precision=auto``
+        then trains in bf16)."""
+        return False
+
     def manual_seed(self, seed: int) -> None:
         """Seed host and device generators."""
         import torch

@@ -38,6 +38,12 @@ class CUDABackend(DeviceBackend):
 
         return torch.bfloat16
 
+    @property
+    def fast_bf16(self) -> bool:
+        import torch
+
+        return torch.cuda.is_bf16_supported()
+
     def manual_seed(self, seed: int) -> None:
         import torch
 
