@@ -39,6 +39,7 @@ class CPUBackend(DeviceBackend):
     def setup(self) -> None:
         import torch
 
+        super().setup()
         if self.num_threads:
             torch.set_num_threads(self.num_threads)
         else:
@@ -60,12 +61,20 @@ class CPUBackend(DeviceBackend):
         return torch.device("cpu")
 
     def memory_stats(self) -> dict[str, float]:
+        """The host is the device: resident set size now and at its peak, and physical memory."""
+        import resource
+
+        stats = {}
+        peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
         try:
             import psutil
         except ImportError:
-            return {}
-        rss = psutil.Process().memory_info().rss / 2**30
-        return {"mem_gib": rss}
+            return {"max_mem_gib": peak_kib / 2**20}
+        rss = psutil.Process().memory_info().rss
+        stats["mem_gib"] = rss / 2**30
+        stats["max_mem_gib"] = max(peak_kib * 1024, rss) / 2**30
+        stats["mem_total_gib"] = psutil.virtual_memory().total / 2**30
+        return stats
 
     def peak_flops(self, dtype) -> float:
         """Measured fp32 matmul FLOP/s of this process's threads, cached per CPU and thread count."""

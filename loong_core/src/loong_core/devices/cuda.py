@@ -14,6 +14,7 @@ class CUDABackend(DeviceBackend):
 
     name = "cuda"
     dist_backend = "nccl"
+    visible_devices_var = "CUDA_VISIBLE_DEVICES"
 
     @classmethod
     def is_available(cls) -> bool:
@@ -21,9 +22,15 @@ class CUDABackend(DeviceBackend):
 
         return torch.cuda.is_available()
 
+    @classmethod
+    def unavailable_reason(cls) -> str:
+        return ("torch sees no CUDA GPU (torch.cuda.is_available() is false: a CPU-only torch "
+                "build, no NVIDIA driver, or CUDA_VISIBLE_DEVICES hides every GPU)")
+
     def setup(self) -> None:
         import torch
 
+        super().setup()
         torch.cuda.set_device(self.local_rank)
 
     @property
@@ -70,7 +77,8 @@ class CUDABackend(DeviceBackend):
         import torch
 
         return {"mem_gib": torch.cuda.memory_allocated() / 2**30,
-                "max_mem_gib": torch.cuda.max_memory_allocated() / 2**30}
+                "max_mem_gib": torch.cuda.max_memory_allocated() / 2**30,
+                "mem_total_gib": torch.cuda.get_device_properties(self.local_rank).total_memory / 2**30}
 
     def peak_flops(self, dtype) -> float:
         import torch

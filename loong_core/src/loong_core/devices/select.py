@@ -9,20 +9,26 @@ from loong_core.errors import ConfigError
 from loong_core.plugins import get_registry
 
 
-def resolve_device_name(requested: str = "auto") -> str:
-    """Return the backend name to use for ``requested`` (``auto`` or a registered name)."""
+def resolve_device_name(requested: str = "auto", _source: str = "device") -> str:
+    """Return the backend name to use for ``requested`` (``auto`` or a registered name).
+
+    A named backend that is not available is an error with the backend's own reason (never a
+    silent fall-back to another device).
+    """
     registry = get_registry()
     if requested and requested != "auto":
         entry = registry.get("device", requested, "device.name")
-        if not entry.load().is_available():
+        backend = entry.load()
+        if not backend.is_available():
             raise ConfigError(
-                f"device '{requested}' is not available on this machine. "
-                f"Use device=cpu or unset it to pick the best available."
+                f"device '{requested}' is not available on this machine: "
+                f"{backend.unavailable_reason()}. Choose another with {_source}=cpu, or unset "
+                f"{_source} to pick the best available."
             )
         return requested
     env = os.environ.get("LOONG_DEVICE")
     if env:
-        return resolve_device_name(env)
+        return resolve_device_name(env, "LOONG_DEVICE")
     ranked = sorted(registry.entries("device"), key=lambda e: -int(e.meta.get("priority", 0)))
     for entry in ranked:
         try:
