@@ -42,7 +42,8 @@ class Trainer:
         self.metrics = MetricsWriter(run.run_dir, self.cfg.tensorboard) if self.is_logger else None
         self._last_saved = -1
         self.last_eval_metrics: dict[str, float] = {}
-        self._peak = device.peak_flops(device.default_dtype) * run.world_size
+        peak = device.peak_flops(device.default_dtype)
+        self._peak = peak * run.world_size if peak else None  # None: unknown peak, no MFU
 
     # -- state ---------------------------------------------------------------------------------
     def _rng_state(self) -> dict:
@@ -162,7 +163,7 @@ class Trainer:
                 metrics = {
                     "loss": result.loss, "lr": result.lr, "grad_norm": result.grad_norm,
                     "tokens_per_sec": tokens_per_sec, "step_time": elapsed,
-                    "mfu": tokens_per_sec * self.flops_per_token / self._peak if self._peak else 0.0,
+                    **({"mfu": tokens_per_sec * self.flops_per_token / self._peak} if self._peak else {}),
                     **(result.extra or {}), **self.device.memory_stats(),
                 }
                 stats = getattr(self.train_loader, "last_balance_stats", None)

@@ -13,12 +13,11 @@ logger = logging.getLogger(__name__)
 
 
 def compute_dtype(parallel, device) -> torch.dtype:
-    """The dtype of ``parallel.mixed_precision`` on ``device`` (``auto``: bf16 on CUDA, else fp32)."""
+    """The dtype of ``parallel.mixed_precision`` on ``device`` (``auto``: bf16 where the device
+    backend says bf16 is fast, else fp32)."""
     choice = parallel.mixed_precision
     if choice == "auto":
-        if device.torch_device.type == "cuda" and torch.cuda.is_bf16_supported():
-            return torch.bfloat16
-        return torch.float32
+        return torch.bfloat16 if device.fast_bf16 else torch.float32
     return torch.bfloat16 if choice == "bf16" else torch.float32
 
 
@@ -26,7 +25,7 @@ def build_mesh(parallel, device, world_size: int):
     """A 1-D ``("shard",)`` mesh for FSDP, a 2-D ``("replicate", "shard")`` mesh for HSDP."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    device_type = device.torch_device.type
+    device_type = device.device_type
     if parallel.data_parallel_sharding == "hsdp":
         shard = parallel.data_parallel_shard_size or world_size
         if shard < 1 or world_size % shard:
@@ -72,7 +71,8 @@ def wrap(model: torch.nn.Module, blocks: list[torch.nn.Module], parallel, device
     if parallel.data_parallel_sharding == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
-        ids = [device.torch_device] if device.torch_device.type == "cuda" else None
+        # One accelerator per process: DDP is told which; a host device (no index) is not.
+        ids = [device.torch_device] if device.torch_device.index is not None else None
         return DistributedDataParallel(model, device_ids=ids, find_unused_parameters=find_unused_parameters)
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
