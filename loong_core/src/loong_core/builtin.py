@@ -39,5 +39,31 @@ def loong_register_cli_commands(register):
 
 
 @hookimpl
+def loong_register_kernels(register):
+    from loong_core.kernels.ops import OPS
+
+    for op in OPS:
+        if op == "attention":
+            continue
+        reference = f"loong_core.kernels.reference:{op}"
+        register(f"{op}:torch", reference, reference=reference,
+                 available="loong_core.kernels.availability:always",
+                 description="torch reference (plain autograd)")
+        register(f"{op}:compile", f"loong_core.kernels.compiled:{op}", reference=reference,
+                 available="loong_core.kernels.availability:compile_available",
+                 description="the torch reference under torch.compile")
+    reference = "loong_core.kernels.reference:attention"
+    register("attention:eager", reference, reference=reference,
+             available="loong_core.kernels.availability:always",
+             description="explicit softmax(QK^T)V with a dense mask (the old path's math)")
+    register("attention:sdpa", "loong_core.kernels.attention:sdpa", reference=reference,
+             available="loong_core.kernels.availability:always",
+             description="torch SDPA (flash/efficient), GQA without repeated K/V, varlen by segments")
+    register("attention:flex", "loong_core.kernels.attention:flex", reference=reference,
+             available="loong_core.kernels.availability:flex_available",
+             description="FlexAttention (compiled) with block-sparse causal/segment masks")
+
+
+@hookimpl
 def loong_config_search_path():
     return "pkg://loong_core.conf"

@@ -98,6 +98,9 @@ def train(overrides: list[str]) -> dict:
     local_rank = _env_int("LOCAL_RANK", 0)
     device = select_device(cfg.device.name, local_rank, cfg.device.num_threads)
     device.setup()
+    from loong_core import kernels
+
+    kernels.configure(cfg.kernels, device.device_type, registry)
     _init_process_group(device.dist_backend, device)
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     if rank != 0:

@@ -13,7 +13,7 @@ from loong_core.errors import ConfigError
 from loong_core.plugins import get_plugin_system
 from loong_core.plugins.registry import did_you_mean
 
-GROUPS = ("model", "data", "parallel", "optim", "trainer", "device", "experiment")
+GROUPS = ("model", "data", "parallel", "optim", "trainer", "device", "kernels", "experiment")
 PRIMARY = "config"
 
 

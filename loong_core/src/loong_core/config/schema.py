@@ -213,6 +213,39 @@ class DeviceConfig:
 
 
 @dataclass
+class KernelsConfig:
+    """Implementation of each op of the kernel seam (``loong_core.kernels``; ``docs/kernels.md``).
+
+    Each key is ``auto`` or a backend registered for that op as ``"<op>:<backend>"``
+    (``loong doctor`` lists them with their availability here). ``auto`` picks the preferred
+    available backend of the device (``triton`` on CUDA when ``loong-kernels`` is installed) and
+    else the plain one. A backend unknown, or unavailable on the run's device, is a ConfigError.
+
+    Attributes:
+        rms_norm: RMSNorm (``torch``, ``compile``, ``triton``).
+        swiglu: SwiGLU activation of gated MLPs.
+        rope: Rotary embedding (standard, llama3-scaled, MRoPE).
+        layer_norm_modulate: LayerNorm + adaLN shift/scale of DiTs and GR00T's head.
+        cross_entropy: The loss over logits (vocab-parallel under TP).
+        linear_cross_entropy: The loss fused with the output layer; any backend but ``torch``
+            makes the megatron engine compute the loss from hidden states and the output
+            weight, never holding all ``[tokens, vocab]`` logits (``chunked`` runs on CPU).
+        attention: Core attention: ``sdpa`` (the plain backend: torch SDPA, GQA without
+            repeated K/V, packed documents / vision windows per segment), ``flex``
+            (FlexAttention block masks, compiled) or ``eager`` (explicit scores and a dense
+            mask, the pre-seam math).
+    """
+
+    rms_norm: str = "auto"
+    swiglu: str = "auto"
+    rope: str = "auto"
+    layer_norm_modulate: str = "auto"
+    cross_entropy: str = "auto"
+    linear_cross_entropy: str = "auto"
+    attention: str = "auto"
+
+
+@dataclass
 class LoongConfig:
     """A whole run.
 
@@ -224,6 +257,7 @@ class LoongConfig:
         optim: Optimizer and schedule.
         trainer: Training loop.
         device: Device backend.
+        kernels: Backend of each kernel op.
     """
 
     name: str = "run"
@@ -233,3 +267,4 @@ class LoongConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     device: DeviceConfig = field(default_factory=DeviceConfig)
+    kernels: KernelsConfig = field(default_factory=KernelsConfig)

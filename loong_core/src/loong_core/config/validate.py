@@ -189,5 +189,8 @@ def _check_consistency(cfg: LoongConfig, registry: Registry) -> None:
             registry.get("device", cfg.device.name, "device.name")
         except PluginError as exc:
             raise ConfigError(str(exc)) from None
+    from loong_core.kernels.resolve import check_names
+
+    check_names(dataclasses.asdict(cfg.kernels), registry)
     if t.resume not in ("none", "auto") and not t.resume:
         raise ConfigError("'trainer.resume' must be 'none', 'auto' or a checkpoint directory.")

@@ -26,6 +26,13 @@ def _parallel_line(p, layout) -> str:
             f"precision={getattr(p, 'mixed_precision', 'auto')}")
 
 
+def kernels_line() -> str:
+    """The backend resolved per kernel op (``kernels.<op>``, ``auto`` already resolved)."""
+    from loong_core import kernels
+
+    return "kernels: " + " ".join(f"{op}={b}" for op, b in kernels.resolved().items())
+
+
 def banner(cfg, device, layout, num_params: int, system, run_dir) -> str:
     """Multi-line description of the run."""
     p, t = cfg.parallel, cfg.trainer
@@ -39,6 +46,7 @@ def banner(cfg, device, layout, num_params: int, system, run_dir) -> str:
         f"experiment: {cfg.name} | model: {cfg.model.name} ({num_params / 1e6:.2f}M parameters) "
         f"| data: {cfg.data.name} (seq {cfg.data.seq_length})",
         _parallel_line(p, layout),
+        kernels_line(),
         f"batch: global {t.global_batch_size} = micro {t.micro_batch_size} x grad-accum "
         f"{grad_accum} x DP {layout.data_parallel_size} | steps {t.train_iters}",
         f"run dir: {run_dir}",

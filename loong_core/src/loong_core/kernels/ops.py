@@ -1,0 +1,28 @@
+"""The ops of the kernel seam: canonical names, what each computes and its plain backend.
+
+This module is light (no torch): the config schema, the validator, ``loong doctor`` and the
+banner read it without importing any kernel.
+"""
+
+from __future__ import annotations
+
+# op -> one-line description (the signature and semantics live in loong_core.kernels.reference).
+OPS: dict[str, str] = {
+    "rms_norm": "RMSNorm over the last dim (optional fused residual add)",
+    "swiglu": "silu(gate) * up of a [gate; up] fc1 output",
+    "rope": "rotary embedding, megatron-core [s, b, h, d] layout (standard / llama3 / MRoPE freqs)",
+    "layer_norm_modulate": "LayerNorm then * (1 + scale) + shift (adaLN of DiTs)",
+    "cross_entropy": "per-token cross entropy over (vocab-parallel) logits",
+    "linear_cross_entropy": "cross entropy of hidden @ weight.T without keeping all logits",
+    "attention": "softmax attention: causal, GQA, packed documents / windows (segment ids)",
+}
+
+# op -> the backend that is the plain path: what ``auto`` falls back to when no preferred
+# backend is available, and the one whose semantics every other backend reproduces.
+PLAIN: dict[str, str] = {op: "torch" for op in OPS}
+PLAIN["attention"] = "sdpa"
+
+# Backends that ``auto`` picks on a device type when a plugin registers them without saying
+# (``meta['auto_on']`` overrides): the Triton kernels on CUDA. Higher priority wins.
+DEFAULT_AUTO_ON: dict[str, tuple[str, ...]] = {"triton": ("cuda",)}
+DEFAULT_AUTO_PRIORITY: dict[str, int] = {"triton": 100}
