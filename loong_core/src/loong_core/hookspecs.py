@@ -113,6 +113,11 @@ def loong_register_kernels(register: Any) -> None:
 
     ``target`` is the kernel callable; ``meta['reference']`` names its torch reference and
     ``meta['available']`` a ``"module:attr"`` predicate telling whether it runs on this machine.
+    The op names and signatures are those of ``loong_core.kernels.reference`` (``attention``:
+    ``loong_core.kernels.attention``); the backend is what ``kernels.<op>=<backend>`` selects.
+    Optional ``meta['auto_on']`` (device types, for example ``("cuda",)``) and
+    ``meta['auto_priority']`` (int, highest wins) let ``kernels.<op>=auto`` pick the backend on
+    those devices; without them only ``triton`` is preferred, on ``cuda``. See ``docs/kernels.md``.
 
     Args:
         register: Callable ``register(name, target, **meta)``.
