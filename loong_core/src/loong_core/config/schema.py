@@ -93,9 +93,17 @@ class ParallelConfig:
             size); None means all ranks (then ``hsdp`` equals ``fsdp``).
         activation_checkpointing: Torch engine only: recompute each block the model declares
             (``ModelProvider.torch_blocks``) in the backward instead of keeping its activations.
-        mixed_precision: Torch engine only: compute dtype. ``auto`` is ``bf16`` where the device
-            supports it (CUDA) and ``fp32`` elsewhere (CPU); parameters, gradient reduction and
-            optimizer state stay fp32.
+        mixed_precision: Training precision. ``auto`` is ``bf16`` where the device backend says
+            bf16 is fast (``DeviceBackend.fast_bf16``: CUDA) and ``fp32`` elsewhere (CPU).
+            megatron engine: ``bf16`` / ``fp16`` keep the model's parameters in that dtype and
+            fp32 main parameters, main gradients and optimizer state in megatron-core's
+            mixed-precision (or distributed) optimizer (Megatron ``--bf16`` / ``--fp16``); ``fp16``
+            uses loss scaling (``optim.loss_scale`` ...). torch engine: the compute dtype
+            (autocast / FSDP2 ``param_dtype``); parameters, gradient reduction and optimizer
+            state stay fp32; ``fp16`` is megatron-engine only.
+        accumulate_allreduce_grads_in_fp32: megatron engine with bf16 / fp16: accumulate and
+            reduce gradients in fp32 buffers (megatron-core DDP's ``grad_reduce_in_fp32``);
+            false keeps them in the parameter dtype. fp32 runs reduce in fp32 anyway.
     """
 
     engine: str = registered("engine", default="megatron")
@@ -115,7 +123,8 @@ class ParallelConfig:
     data_parallel_sharding: Literal["ddp", "fsdp", "hsdp"] = "ddp"
     data_parallel_shard_size: Optional[int] = None
     activation_checkpointing: bool = False
-    mixed_precision: Literal["auto", "fp32", "bf16"] = "auto"
+    mixed_precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    accumulate_allreduce_grads_in_fp32: bool = True
 
 
 @dataclass
@@ -135,6 +144,12 @@ class OptimConfig:
         lr_warmup_iters: Linear warmup iterations.
         lr_decay_style: ``cosine``, ``linear`` or ``constant``.
         lr_decay_iters: Iterations of decay; None means ``trainer.train_iters``.
+        loss_scale: fp16 only: a static loss scale; None scales dynamically (below).
+        initial_loss_scale: fp16 dynamic loss scaling: the first scale.
+        min_loss_scale: fp16 dynamic loss scaling: the scale never drops below this.
+        loss_scale_window: fp16 dynamic loss scaling: steps without overflow before the scale
+            doubles.
+        hysteresis: fp16 dynamic loss scaling: overflows tolerated before the scale halves.
     """
 
     optimizer: Literal["adam", "sgd"] = "adam"
@@ -149,6 +164,11 @@ class OptimConfig:
     lr_warmup_iters: int = 0
     lr_decay_style: Literal["cosine", "linear", "constant"] = "cosine"
     lr_decay_iters: Optional[int] = None
+    loss_scale: Optional[float] = None
+    initial_loss_scale: float = 4294967296.0
+    min_loss_scale: float = 1.0
+    loss_scale_window: int = 1000
+    hysteresis: int = 2
 
 
 @dataclass

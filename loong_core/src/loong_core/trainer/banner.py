@@ -22,8 +22,21 @@ def _parallel_line(p, layout) -> str:
                 f"SP={p.sequence_parallel} dist-opt={p.use_distributed_optimizer}")
     sharding = getattr(p, "data_parallel_sharding", "ddp")
     return (f"parallel: engine={p.engine} {sharding} over DP={layout.data_parallel_size} "
-            f"activation-checkpointing={getattr(p, 'activation_checkpointing', False)} "
-            f"precision={getattr(p, 'mixed_precision', 'auto')}")
+            f"activation-checkpointing={getattr(p, 'activation_checkpointing', False)}")
+
+
+def _precision_line(cfg, device) -> str:
+    """The dtypes of parameters, gradients and optimizer state (``parallel.mixed_precision``)."""
+    if cfg.parallel.engine == "megatron":
+        from loong_core.engines.megatron import precision
+
+        return precision.for_run(cfg, device).describe(cfg.optim)
+    from loong_core.engines.torch_native.parallelize import compute_dtype
+
+    compute = {"torch.bfloat16": "bf16", "torch.float16": "fp16"}.get(
+        str(compute_dtype(cfg.parallel, device)), "fp32")
+    return (f"precision: compute {compute} (params fp32, grads reduced fp32, "
+            f"optimizer state fp32)")
 
 
 def kernels_line() -> str:
@@ -47,6 +60,7 @@ def banner(cfg, device, layout, num_params: int, system, run_dir) -> str:
         f"| data: {cfg.data.name} (seq {cfg.data.seq_length})",
         _parallel_line(p, layout),
         kernels_line(),
+        _precision_line(cfg, device),
         f"batch: global {t.global_batch_size} = micro {t.micro_batch_size} x grad-accum "
         f"{grad_accum} x DP {layout.data_parallel_size} | steps {t.train_iters}",
         f"run dir: {run_dir}",

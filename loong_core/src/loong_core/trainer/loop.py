@@ -41,6 +41,9 @@ class Trainer:
         self.is_logger = run.layout.is_logging_rank
         self.metrics = MetricsWriter(run.run_dir, self.cfg.tensorboard) if self.is_logger else None
         self._last_saved = -1
+        # Steps whose update the optimizer skipped (an fp16 overflow, or a non-finite loss when the
+        # run continues past it); saved with checkpoints so a resumed run keeps counting.
+        self.skipped_steps = 0
         self.last_eval_metrics: dict[str, float] = {}
         peak = device.peak_flops(device.default_dtype)
         self._peak = peak * run.world_size if peak else None  # None: unknown peak, no MFU
@@ -83,6 +86,7 @@ class Trainer:
         else:
             logger.warning("checkpoint %s was written with another parallel layout; RNG state "
                            "is reseeded instead of restored", path)
+        self.skipped_steps = int(common.get("skipped_steps", 0))
         logger.info("resumed from %s at iteration %d", path, record["iteration"])
         self._last_saved = int(record["iteration"])
         return int(record["iteration"])
@@ -95,7 +99,8 @@ class Trainer:
 
     def save(self, iteration: int) -> Path:
         """Write an atomic checkpoint of the state after ``iteration`` steps."""
-        common = {"iteration": iteration, "consumed_samples": iteration * self.cfg.global_batch_size}
+        common = {"iteration": iteration, "consumed_samples": iteration * self.cfg.global_batch_size,
+                  "skipped_steps": self.skipped_steps}
         path = store.save_collective(
             self.checkpoint_root, iteration,
             lambda directory: self.engine.save_checkpoint(directory, common),
@@ -157,6 +162,8 @@ class Trainer:
                         f"trainer.resume=auto (set trainer.exit_on_nan=false to continue anyway)."
                     )
                 self.run.iteration = step
+                if result.skipped:
+                    self.skipped_steps += 1
                 window_tokens += result.tokens
                 window_time += elapsed
                 tokens_per_sec = result.tokens / elapsed if elapsed > 0 else 0.0
@@ -164,6 +171,7 @@ class Trainer:
                     "loss": result.loss, "lr": result.lr, "grad_norm": result.grad_norm,
                     "tokens_per_sec": tokens_per_sec, "step_time": elapsed,
                     **({"mfu": tokens_per_sec * self.flops_per_token / self._peak} if self._peak else {}),
+                    "skipped_steps": self.skipped_steps,
                     **(result.extra or {}), **self.device.memory_stats(),
                 }
                 stats = getattr(self.train_loader, "last_balance_stats", None)

@@ -8,7 +8,7 @@ import math
 import torch
 
 from loong_core.engines.base import Engine, ParallelLayout, StepResult
-from loong_core.engines.megatron import checkpointing, optim, parallel
+from loong_core.engines.megatron import checkpointing, optim, parallel, precision
 from loong_core.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -35,7 +35,9 @@ class MegatronEngine(Engine):
         )
 
         p = self.config.parallel
-        self.mcore_config = self.provider.megatron_config(parallel.transformer_kwargs(p))
+        self.precision = precision.for_run(self.config, self.device)
+        self.mcore_config = self.provider.megatron_config(
+            {**parallel.transformer_kwargs(p), **self.precision.transformer_kwargs()})
         vpp = p.virtual_pipeline_model_parallel_size
         chunks = []
         for vp_stage in range(vpp or 1):
@@ -49,8 +51,9 @@ class MegatronEngine(Engine):
         for chunk in chunks:
             chunk.to(self.device.torch_device)
         self.provider.initialize_weights(chunks)
+        chunks = [precision.wrap_model(chunk, self.mcore_config, self.precision) for chunk in chunks]
         ddp_config = DistributedDataParallelConfig(
-            grad_reduce_in_fp32=True,
+            **self.precision.ddp_kwargs(),
             overlap_grad_reduce=p.overlap_grad_reduce,
             overlap_param_gather=p.overlap_param_gather,
             use_distributed_optimizer=p.use_distributed_optimizer,
@@ -69,7 +72,10 @@ class MegatronEngine(Engine):
         if p.overlap_param_gather:
             param_sync = [m.start_param_sync for m in self.model]
             self.mcore_config.param_sync_func = param_sync[0] if len(param_sync) == 1 else param_sync
-        self.optimizer, self.scheduler = optim.build(self.config, self.model)
+        self.optimizer, self.scheduler = optim.build(self.config, self.model, self.precision)
+        if self.precision.name == "fp16":
+            # The schedules multiply each micro batch's loss by the optimizer's loss scale.
+            self.mcore_config.grad_scale_func = self.optimizer.scale_loss
 
     # -- accounting ------------------------------------------------------------------------
     def num_parameters(self) -> int:
@@ -147,8 +153,14 @@ class MegatronEngine(Engine):
         outputs = self._run_schedule(micro_batches, forward_only=False)
         ok, grad_norm, _ = self.optimizer.step()
         lr = self.optimizer.param_groups[0]["lr"]
-        self.scheduler.step(increment=1)
+        if ok:  # as Megatron-LM: a step skipped for an fp16 overflow does not advance the schedule
+            self.scheduler.step(increment=1)
         loss, tokens, extra = self._reduce_losses(outputs)
+        if self.precision.name == "fp16":
+            extra["loss_scale"] = float(self.optimizer.get_loss_scale())
+        if not ok:
+            logger.warning("fp16 overflow in the gradients: step skipped, loss scale now %g",
+                           float(self.optimizer.get_loss_scale()))
         return StepResult(loss=loss, tokens=tokens,
                           grad_norm=float(grad_norm) if grad_norm is not None else math.nan,
                           lr=float(lr), skipped=not ok, extra=extra)

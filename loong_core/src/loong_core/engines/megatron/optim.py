@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
-from loong_core.engines.megatron import distopt_fixes
+from loong_core.engines.megatron import distopt_fixes, precision
 
 
-def build(config, model_chunks):
-    """Return ``(optimizer, scheduler)``; the scheduler counts optimizer steps (iterations)."""
+def build(config, model_chunks, prec: precision.Precision | None = None):
+    """Return ``(optimizer, scheduler)``; the scheduler counts optimizer steps (iterations).
+
+    Args:
+        config: The run config.
+        model_chunks: The DDP-wrapped model chunks.
+        prec: The run's precision (None: fp32); bf16 / fp16 build megatron-core's
+            mixed-precision optimizer with fp32 main parameters.
+    """
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
@@ -25,6 +32,7 @@ def build(config, model_chunks):
             clip_grad=o.clip_grad,
             use_distributed_optimizer=p.use_distributed_optimizer,
             overlap_param_gather=p.overlap_param_gather,
+            **(prec or precision.Precision("fp32")).optimizer_kwargs(o),
         ),
         model_chunks,
     )

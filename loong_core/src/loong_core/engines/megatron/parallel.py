@@ -63,6 +63,8 @@ def transformer_kwargs(p: ParallelConfig) -> dict:
         context_parallel_size=p.context_parallel_size,
         expert_model_parallel_size=p.expert_model_parallel_size,
         sequence_parallel=p.sequence_parallel,
+        # fp32 unless the engine's precision (engines/megatron/precision.py) says otherwise.
+        params_dtype=torch.float32,
         pipeline_dtype=torch.float32,
         # Batched p2p with interleaved pipelines mismatches messages on gloo (MCORE_ON_CPU.md).
         batch_p2p_comm=not p.virtual_pipeline_model_parallel_size,

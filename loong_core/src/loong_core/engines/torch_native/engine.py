@@ -39,6 +39,9 @@ class TorchEngine(Engine):
         if p.virtual_pipeline_model_parallel_size or p.recompute_granularity:
             raise ConfigError("the torch engine has no virtual pipeline or megatron recompute; use "
                               "parallel.activation_checkpointing=true instead of recompute_granularity.")
+        if p.mixed_precision == "fp16":
+            raise ConfigError("'parallel.mixed_precision' = 'fp16' needs loss scaling, which only the "
+                              "megatron engine has; use bf16 (or fp32) with parallel.engine=torch.")
         rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
         self.layout = ParallelLayout(world_size=world, rank=rank, data_parallel_size=world,
                                      data_parallel_rank=rank, is_logging_rank=rank == 0)

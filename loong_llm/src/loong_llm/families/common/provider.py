@@ -92,7 +92,6 @@ class DecoderProvider(ModelProvider):
             attention_dropout=c.attention_dropout,
             init_method_std=c.init_method_std,
             use_cpu_initialization=True,
-            params_dtype=torch.float32,
             bias_activation_fusion=False,
             masked_softmax_fusion=False,
             apply_rope_fusion=False,
