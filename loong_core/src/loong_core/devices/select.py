@@ -22,8 +22,9 @@ def resolve_device_name(requested: str = "auto", _source: str = "device") -> str
         if not backend.is_available():
             raise ConfigError(
                 f"device '{requested}' is not available on this machine: "
-                f"{backend.unavailable_reason()}. Choose another with {_source}=cpu, or unset "
-                f"{_source} to pick the best available."
+                f"{backend.unavailable_reason()}. Choose another with {_source}=cpu, or "
+                f"{'unset LOONG_DEVICE' if _source == 'LOONG_DEVICE' else 'device=auto'} to pick "
+                f"the best available."
             )
         return requested
     env = os.environ.get("LOONG_DEVICE")
