@@ -96,7 +96,7 @@ def train(overrides: list[str]) -> dict:
     system = get_plugin_system()
     registry = system.registry()
     local_rank = _env_int("LOCAL_RANK", 0)
-    device = select_device(cfg.device.name, local_rank, cfg.device.num_threads)
+    device = select_device(cfg.device.name, local_rank, cfg.device.num_threads, cfg.device.peak_tflops)
     device.setup()
     from loong_core import kernels
 

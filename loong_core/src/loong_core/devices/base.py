@@ -44,9 +44,14 @@ class DeviceBackend:
         (``device=<name>`` fails with "device '<name>' is not available on this machine: <reason>")."""
         return "this machine does not have it"
 
-    def __init__(self, local_rank: int = 0, num_threads: int | None = None):
+    def __init__(self, local_rank: int = 0, num_threads: int | None = None,
+                 peak_tflops: float | None = None):
+        """Args: ``local_rank`` (this process's device), ``num_threads`` (``device.num_threads``),
+        ``peak_tflops`` (``device.peak_tflops``: a peak the user gives, for backends that cannot
+        know their own)."""
         self.local_rank = local_rank
         self.num_threads = num_threads
+        self.peak_tflops = peak_tflops
 
     def setup(self) -> None:
         """Prepare this process for the device, once, before process groups and models exist.

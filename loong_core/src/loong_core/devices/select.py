@@ -40,9 +40,9 @@ def resolve_device_name(requested: str = "auto", _source: str = "device") -> str
     raise ConfigError("No device backend is available (not even 'cpu').")
 
 
-def select_device(requested: str = "auto", local_rank: int = 0,
-                  num_threads: int | None = None) -> DeviceBackend:
+def select_device(requested: str = "auto", local_rank: int = 0, num_threads: int | None = None,
+                  peak_tflops: float | None = None) -> DeviceBackend:
     """Instantiate the chosen backend for this process (not yet set up)."""
     name = resolve_device_name(requested)
     cls = get_registry().get("device", name).load()
-    return cls(local_rank=local_rank, num_threads=num_threads)
+    return cls(local_rank=local_rank, num_threads=num_threads, peak_tflops=peak_tflops)
