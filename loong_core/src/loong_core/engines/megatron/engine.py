@@ -38,6 +38,8 @@ class MegatronEngine(Engine):
         self.precision = precision.for_run(self.config, self.device)
         self.mcore_config = self.provider.megatron_config(
             {**parallel.transformer_kwargs(p), **self.precision.transformer_kwargs()})
+        for key, value in self.device.megatron_overrides().items():  # what the device needs
+            setattr(self.mcore_config, key, value)
         vpp = p.virtual_pipeline_model_parallel_size
         chunks = []
         for vp_stage in range(vpp or 1):
