@@ -1,0 +1,1 @@
+"""Pure-torch kernels that run on every device (``"<op>:chunked"``)."""
