@@ -73,6 +73,8 @@ class DecoderProvider(ModelProvider):
         return {"mrope_section": section}
 
     def megatron_config(self, parallel_kwargs: dict):
+        from loong_core.engines.megatron.seam import spec as seam_spec
+
         c = self.config
         return self.transformer_config_class()(
             num_layers=c.num_layers,
@@ -96,6 +98,7 @@ class DecoderProvider(ModelProvider):
             masked_softmax_fusion=False,
             apply_rope_fusion=False,
             gradient_accumulation_fusion=False,
+            **seam_spec.transformer_kwargs(),
             **self.family_transformer_kwargs(),
             **self.position_kwargs(),
             **parallel_kwargs,
@@ -109,12 +112,14 @@ class DecoderProvider(ModelProvider):
                                         qk_layernorm=self.config.qk_layernorm)
 
     def build_megatron_model(self, config, pre_process: bool, post_process: bool, vp_stage):
-        from megatron.core.models.gpt import GPTModel
+        """The family's spec through the kernel seam (norm, SwiGLU, RoPE, attention, loss)."""
+        from loong_core.engines.megatron.seam.gpt import SeamGPTModel
+        from loong_core.engines.megatron.seam.spec import apply
 
         c = self.config
-        model = GPTModel(
+        model = SeamGPTModel(
             config=config,
-            transformer_layer_spec=self.layer_spec(config, vp_stage),
+            transformer_layer_spec=apply(self.layer_spec(config, vp_stage), config, vp_stage),
             vocab_size=c.padded_vocab_size(config.tensor_model_parallel_size),
             max_sequence_length=c.max_position_embeddings,
             pre_process=pre_process,

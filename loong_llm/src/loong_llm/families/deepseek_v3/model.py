@@ -41,13 +41,14 @@ class DeepSeekV3Provider(MoEProvider):
                 "rope_type": "rope", "rotary_base": c.rotary_base}
 
     def layer_spec(self, config, vp_stage):
-        """The block spec with megatron-core's MLA, whose core attention is ours (no TE)."""
-        from loong_llm.families.common.attention import LocalSDPAttention
+        """The block spec with megatron-core's MLA, whose core attention is the kernel seam's
+        (megatron-core's local ``DotProductAttention`` cannot take MLA's key/value widths)."""
+        from loong_core.engines.megatron.seam.modules import SeamCoreAttention
 
         _mla_without_te()
         spec = super().layer_spec(config, vp_stage)
         for layer in spec.layer_specs:
-            layer.submodules.self_attention.submodules.core_attention = LocalSDPAttention
+            layer.submodules.self_attention.submodules.core_attention = SeamCoreAttention
         return spec
 
     def attention_params_per_layer(self) -> float:

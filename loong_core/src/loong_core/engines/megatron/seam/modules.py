@@ -1,0 +1,126 @@
+"""megatron-core modules backed by the kernel seam (``loong_core.kernels.get``)."""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+from megatron.core.transformer.enums import AttnMaskType
+from megatron.core.transformer.module import MegatronModule
+
+from loong_core import kernels
+from loong_core.errors import ConfigError
+from loong_core.kernels.reference import combined_mask
+
+
+class SeamRMSNorm(torch.nn.Module):
+    """RMSNorm through ``kernels.get("rms_norm")``; same parameter (``weight``) as the
+    ``torch.nn.RMSNorm`` megatron-core's local spec builds, so checkpoints are interchangeable.
+
+    Takes megatron-core's norm constructor arguments.
+    """
+
+    def __init__(self, config, hidden_size: int, eps: float = 1e-5, persist_layer_norm: bool = False,
+                 zero_centered_gamma: bool = False, normalization: str = "RMSNorm"):
+        super().__init__()
+        if config.normalization != "RMSNorm" or config.layernorm_zero_centered_gamma:
+            raise ConfigError("SeamRMSNorm serves normalization=RMSNorm without zero-centred gamma.")
+        self.eps = eps
+        self.weight = torch.nn.Parameter(torch.ones(hidden_size, dtype=config.params_dtype))
+        self.weight.sequence_parallel = bool(config.sequence_parallel)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return kernels.get("rms_norm")(x, self.weight, self.eps)
+
+
+class SeamSwiGLU(torch.nn.Module):
+    """The gated MLP activation (``silu(gate) * up`` of fc1's ``[gate; up]``) through
+    ``kernels.get("swiglu")``; megatron-core's ``MLP`` calls it on the whole fc1 output when
+    ``config.use_te_activation_func`` is set (see :func:`..spec.transformer_kwargs`)."""
+
+    def __init__(self, config=None):
+        super().__init__()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return kernels.get("swiglu")(x)
+
+
+_segments_cache: dict[str, tuple] = {}
+
+
+def mask_to_pattern(attention_mask: torch.Tensor):
+    """Describe megatron's boolean mask (True = masked, ``[b or 1, 1, sq, sk]``) for the seam.
+
+    Block-diagonal masks, causal inside each block (packed documents) or not (vision windows and
+    frames), become ``segment_ids`` so the varlen paths run and no dense mask is needed; other
+    masks are passed on densely. A mask replaces the causal pattern of the mask type, as in
+    megatron-core's ``DotProductAttention``. The result is cached per mask tensor (every layer
+    of a forward gets the same one).
+
+    Returns:
+        ``(causal, segment_ids [b, s] or None, allowed mask or None)``.
+    """
+    cached = _segments_cache.get("last")
+    if cached is not None and cached[0]() is attention_mask:
+        return cached[1]
+    allowed = ~attention_mask.reshape(attention_mask.shape[0], *attention_mask.shape[-2:])
+    sq, sk = allowed.shape[-2:]
+    result = (False, None, allowed.unsqueeze(1))
+    if sq == sk:
+        segment_ids = allowed.to(torch.int8).argmax(dim=-1)  # first key each query may see
+        for causal in (True, False):
+            expected = combined_mask(sq, sk, allowed.device, causal, segment_ids, None)
+            if torch.equal(expected.reshape(allowed.shape), allowed):
+                result = (causal, segment_ids, None)
+                break
+    _segments_cache["last"] = (weakref.ref(attention_mask), result)
+    return result
+
+
+class SeamCoreAttention(MegatronModule):
+    """Core attention through ``kernels.get("attention")`` (``sdpa`` / ``flex`` / ``eager``).
+
+    A drop-in for megatron-core's local ``DotProductAttention`` (same constructor and forward
+    arguments), also for MLA (``k_channels`` / ``v_channels`` differ). Query ``[sq, b, np, hn]``,
+    key ``[sk, b, ng, hn]``, value ``[sk, b, ng, hv]`` with ``np`` a multiple of ``ng`` (GQA:
+    K/V are not repeated); returns ``[sq, b, np * hv]``.
+    """
+
+    def __init__(self, config, layer_number, attn_mask_type, attention_type="self",
+                 attention_dropout=None, softmax_scale=None, k_channels=None, v_channels=None,
+                 cp_comm_type=None, pg_collection=None, **kwargs):
+        super().__init__(config=config)
+        unsupported = {
+            "context_parallel_size > 1": config.context_parallel_size > 1,
+            "apply_query_key_layer_scaling": config.apply_query_key_layer_scaling,
+            "window_size": config.window_size is not None,
+            f"softmax_type={config.softmax_type}": config.softmax_type != "vanilla",
+        }
+        bad = [name for name, on in unsupported.items() if on]
+        if bad:
+            raise ConfigError(f"kernels.attention does not support {', '.join(bad)} "
+                              f"(megatron-core's TransformerEngine attention does).")
+        self.attn_mask_type = attn_mask_type
+        head_dim = k_channels or config.kv_channels
+        self.softmax_scale = head_dim ** -0.5 if softmax_scale is None else softmax_scale
+        self.dropout = config.attention_dropout if attention_dropout is None else attention_dropout
+
+    def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
+                packed_seq_params=None, **kwargs):
+        if attention_bias is not None or packed_seq_params is not None:
+            raise NotImplementedError("SeamCoreAttention: attention bias / THD packed_seq_params "
+                                      "(loong packs with attention masks).")
+        mask_type = attn_mask_type if attn_mask_type is not None else self.attn_mask_type
+        segment_ids = mask = None
+        if attention_mask is None:
+            causal = mask_type == AttnMaskType.causal
+        else:
+            causal, segment_ids, mask = mask_to_pattern(attention_mask)
+        b = query.shape[1]
+        if segment_ids is not None and segment_ids.shape[0] != b:
+            segment_ids = segment_ids.expand(b, -1)
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, n, s, d]
+        out = kernels.get("attention")(
+            q, k, v, causal=causal, segment_ids=segment_ids, mask=mask, scale=self.softmax_scale,
+            dropout_p=self.dropout if self.training else 0.0)
+        return out.permute(2, 0, 1, 3).reshape(query.shape[0], b, -1)
