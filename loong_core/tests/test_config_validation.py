@@ -28,7 +28,7 @@ def test_experiment_composes_into_typed_config(toy_site):
     ("parallel.engine=megatrom", ["Unknown engine 'megatrom'", "Did you mean 'megatron'?"]),
     ("model.dropout=high", ["'model.dropout' = 'high'", "float | null"]),
     ("device=cdua", ["Unknown option 'cdua' for config group 'device'", "Did you mean 'cuda'?"]),
-    ("trainer.global_batch_size=6", ["multiple of 'trainer.micro_batch_size'"]),
+    ("trainer.global_batch_size=6", ["divisible by 'trainer.micro_batch_size'", "global_batch_size=4 or 8"]),
 ])
 def test_bad_value_gives_one_clear_error(toy_site, override, expected):
     with pytest.raises(ConfigError) as excinfo:

@@ -67,9 +67,9 @@ def launch(options: LaunchOptions, overrides: list[str]) -> dict | None:
         os.environ.setdefault("LOCAL_WORLD_SIZE", "1")
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(options.master_port or free_port()))
-        from loong_core.runtime import train
+        from loong_core.runtime import train_or_explain
 
-        return train(overrides)
+        return train_or_explain(overrides)
     from torch.distributed import run as torchrun
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")

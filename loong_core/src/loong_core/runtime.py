@@ -7,8 +7,6 @@ import logging
 import os
 from pathlib import Path
 
-from loong_core.errors import ConfigError
-
 logger = logging.getLogger(__name__)
 
 
@@ -169,14 +167,37 @@ def train(overrides: list[str]) -> dict:
     return metrics
 
 
+def train_or_explain(overrides: list[str]) -> dict:
+    """:func:`train`, with running out of memory turned into one :class:`TrainingError` that says
+    what to shrink (instead of an allocator traceback from deep inside torch)."""
+    import re
+
+    from loong_core.errors import TrainingError
+
+    try:
+        return train(overrides)
+    except (MemoryError, RuntimeError) as exc:
+        text = str(exc)
+        if not (isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError"
+                or "can't allocate memory" in text):
+            raise
+        match = re.search(r"allocate (\d+) bytes", text)
+        size = f" (one allocation of {int(match.group(1)) / 2 ** 30:,.1f} GiB)" if match else ""
+        raise TrainingError(
+            f"out of memory{size}: the model or batch does not fit on this device. Lower the model "
+            "sizes (model.hidden_size, model.num_layers, model.ffn_hidden_size, vocabulary and "
+            "model.make_vocab_size_divisible_by), trainer.micro_batch_size or data.seq_length, "
+            "or shard the model over more ranks."
+        ) from None
+
+
 def check_layout(cfg, world_size: int) -> None:
     """Fail early (before spawning) when the parallel layout cannot fit ``world_size`` ranks."""
+    from loong_core.config.rules import check_batch_layout
     from loong_core.engines.megatron.parallel import check_world
 
     dp = check_world(cfg.parallel, world_size)
-    t = cfg.trainer
-    if t.global_batch_size % (t.micro_batch_size * dp):
-        raise ConfigError(
-            f"'trainer.global_batch_size' ({t.global_batch_size}) must be a multiple of "
-            f"micro_batch_size x data-parallel size = {t.micro_batch_size} x {dp}."
-        )
+    p, t = cfg.parallel, cfg.trainer
+    how = (f"{world_size} ranks / (TP {p.tensor_model_parallel_size} x PP "
+           f"{p.pipeline_model_parallel_size} x CP {p.context_parallel_size})")
+    check_batch_layout(t.global_batch_size, t.micro_batch_size, dp, how)

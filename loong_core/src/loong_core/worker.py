@@ -10,13 +10,13 @@ def main() -> int:
     """Train with the overrides on the command line; exit code 2 on a loong error."""
     from loong_core.errors import LoongError
     from loong_core.logs import quiet_third_party
-    from loong_core.runtime import train
+    from loong_core.runtime import train_or_explain
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
     quiet_third_party()
     try:
-        train(sys.argv[1:])
+        train_or_explain(sys.argv[1:])
     except LoongError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -30,6 +30,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from loong_core.config.rules import positive
 from loong_core.errors import ConfigError
 from loong_core.plugins.registry import did_you_mean
 
@@ -54,7 +55,7 @@ class LoraConfig:
     """
 
     rank: int = 0
-    alpha: float = 16.0
+    alpha: float = positive(16.0)
     dropout: float = 0.0
     targets: list[str] = field(default_factory=lambda: list(LORA_TARGETS))
     seed: int = 0

@@ -144,3 +144,7 @@ class VLMConfig(ModelConfig):
     image_tokens: Optional[int] = None
     freeze_foundation: bool = False
     video_token_id: Optional[int] = None
+
+    def check(self, run, path: str) -> None:
+        """The foundation's rules (heads / layers against the parallel sizes, sequence length)."""
+        self.foundation.check(run, f"{path}.foundation")

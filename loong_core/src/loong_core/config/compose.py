@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -82,6 +83,26 @@ def _check_group_overrides(overrides: list[str]) -> None:
             )
 
 
+_KEY = re.compile(r"(~|\+\+?)?[A-Za-z_]\w*([./]\w+)*(@[A-Za-z_]\w*(\.[A-Za-z_]\w*)*)?")
+
+
+def check_override_syntax(overrides: list[str]) -> None:
+    """Each override is ``key=value``, ``group=option``, ``group@package=option`` or ``~key``.
+
+    Raises:
+        ConfigError: naming the malformed override and the forms that work.
+    """
+    for item in overrides:
+        key, sep, _ = item.partition("=")
+        if _KEY.fullmatch(key) and (sep or key.startswith("~")):
+            continue
+        raise ConfigError(
+            f"Override {item!r} is not key=value: write a dotted key, '=' and a value, for "
+            "example trainer.train_iters=100, model=llama_tiny, model@model.foundation=qwen3_debug "
+            "or ~key to delete one."
+        )
+
+
 def _force(override: str) -> str:
     """``key=value`` -> ``++key=value`` for plain keys, so that a misspelt key reaches the
     validator (which names it with a did-you-mean) instead of failing inside Hydra. Group
@@ -112,6 +133,7 @@ def compose_raw(overrides: list[str] | None = None) -> dict:
         default = default_experiment()
         if default:
             overrides.insert(0, f"experiment={default}")
+    check_override_syntax(overrides)
     _check_group_overrides(overrides)
     overrides = [_force(o) for o in overrides]
     extra = [p for p in get_plugin_system().config_search_path() if p != "pkg://loong_core.conf"]
@@ -121,7 +143,7 @@ def compose_raw(overrides: list[str] | None = None) -> dict:
     try:
         with initialize_config_module(config_module="loong_core.conf", version_base="1.3"):
             cfg = compose(config_name=PRIMARY, overrides=overrides)
-    except (HydraException, OmegaConfBaseException) as exc:
+    except (HydraException, OmegaConfBaseException, ValueError) as exc:
         raise ConfigError(f"Could not compose the config: {exc}") from None
     finally:
         GlobalHydra.instance().clear()

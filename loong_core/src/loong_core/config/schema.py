@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
+from loong_core.config.rules import bounded, non_negative, positive
+
 
 def registered(kind: str, default=None, **kwargs):
     """A field whose value must be a name registered in ``kind``."""
@@ -43,6 +45,18 @@ class ModelConfig:
 
     name: str = registered("model", default="")
 
+    def check(self, run: LoongConfig, path: str) -> None:
+        """Rules between this component's keys and the rest of the run (divisibility by the
+        parallel sizes, sequence length against positions), checked before anything is built.
+
+        Args:
+            run: The whole validated config.
+            path: Config path of this component (``model``, ``model.foundation``).
+
+        Raises:
+            ConfigError: naming the keys, the rule and the nearest valid values.
+        """
+
 
 @dataclass
 class DataConfig:
@@ -60,7 +74,7 @@ class DataConfig:
     """
 
     name: str = registered("dataset", default="")
-    seq_length: int = 256
+    seq_length: int = positive(256)
     balancer: str = registered("balancer", default="none")
     cache_dir: Optional[str] = None
     shared_cache: bool = True
@@ -107,21 +121,21 @@ class ParallelConfig:
     """
 
     engine: str = registered("engine", default="megatron")
-    tensor_model_parallel_size: int = 1
-    pipeline_model_parallel_size: int = 1
-    virtual_pipeline_model_parallel_size: Optional[int] = None
+    tensor_model_parallel_size: int = positive(1)
+    pipeline_model_parallel_size: int = positive(1)
+    virtual_pipeline_model_parallel_size: Optional[int] = positive(None)
     sequence_parallel: bool = False
-    context_parallel_size: int = 1
-    expert_model_parallel_size: int = 1
+    context_parallel_size: int = positive(1)
+    expert_model_parallel_size: int = positive(1)
     use_distributed_optimizer: bool = False
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False
     recompute_granularity: Optional[Literal["full", "selective"]] = None
     recompute_method: Optional[Literal["uniform", "block"]] = None
-    recompute_num_layers: Optional[int] = None
+    recompute_num_layers: Optional[int] = positive(None)
     recompute_modules: Optional[list[str]] = None
     data_parallel_sharding: Literal["ddp", "fsdp", "hsdp"] = "ddp"
-    data_parallel_shard_size: Optional[int] = None
+    data_parallel_shard_size: Optional[int] = positive(None)
     activation_checkpointing: bool = False
     mixed_precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     accumulate_allreduce_grads_in_fp32: bool = True
@@ -153,17 +167,17 @@ class OptimConfig:
     """
 
     optimizer: Literal["adam", "sgd"] = "adam"
-    lr: float = 3.0e-4
-    min_lr: float = 0.0
-    weight_decay: float = 0.01
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.95
-    adam_eps: float = 1.0e-8
-    sgd_momentum: float = 0.9
-    clip_grad: float = 1.0
-    lr_warmup_iters: int = 0
+    lr: float = non_negative(3.0e-4)
+    min_lr: float = non_negative(0.0)
+    weight_decay: float = non_negative(0.01)
+    adam_beta1: float = bounded(0.9, ge=0, lt=1)
+    adam_beta2: float = bounded(0.95, ge=0, lt=1)
+    adam_eps: float = positive(1.0e-8)
+    sgd_momentum: float = bounded(0.9, ge=0, lt=1)
+    clip_grad: float = non_negative(1.0)
+    lr_warmup_iters: int = non_negative(0)
     lr_decay_style: Literal["cosine", "linear", "constant"] = "cosine"
-    lr_decay_iters: Optional[int] = None
+    lr_decay_iters: Optional[int] = positive(None)
     loss_scale: Optional[float] = None
     initial_loss_scale: float = 4294967296.0
     min_loss_scale: float = 1.0
@@ -199,15 +213,15 @@ class TrainerConfig:
         exit_on_nan: Stop with an error when the loss becomes NaN/inf.
     """
 
-    train_iters: int = 100
-    micro_batch_size: int = 4
-    global_batch_size: int = 4
-    seed: int = 1234
-    log_interval: int = 10
-    eval_interval: int = 50
-    eval_iters: int = 4
+    train_iters: int = positive(100)
+    micro_batch_size: int = positive(4)
+    global_batch_size: int = positive(4)
+    seed: int = bounded(1234, ge=0, lt=2 ** 32)
+    log_interval: int = positive(10)
+    eval_interval: int = non_negative(50)
+    eval_iters: int = non_negative(4)
     eval_at_start: bool = False
-    save_interval: int = 0
+    save_interval: int = non_negative(0)
     save_at_end: bool = True
     run_dir: Optional[str] = None
     resume: str = "none"
@@ -232,7 +246,7 @@ class DeviceConfig:
     """
 
     name: str = "auto"
-    num_threads: Optional[int] = None
+    num_threads: Optional[int] = positive(None)
     peak_tflops: Optional[float] = None
 
 

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import types
 import typing
+from pathlib import Path
 from typing import Any, Literal, Union
 
+from loong_core.config.rules import at_most, check_finite, check_name, check_writable_dir, divisible
 from loong_core.config.schema import DataConfig, LoongConfig, ModelConfig
 from loong_core.errors import ConfigError, PluginError
 from loong_core.plugins.registry import Registry, did_you_mean
@@ -73,6 +76,7 @@ def _coerce(value: Any, tp: Any, path: str, registry: Registry | None = None) ->
             return value
     elif tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            check_finite(float(value), path)
             return float(value)
     elif tp is str:
         if isinstance(value, str):
@@ -128,6 +132,9 @@ def build_dataclass(cls: type, data: Any, path: str, registry: Registry | None =
             kwargs[name] = _component(value, base, component_kind, key_path, registry)
             continue
         value = _coerce(value, hints[name], key_path, registry)
+        bounds = f.metadata.get("bounds")
+        if bounds is not None and isinstance(value, (int, float)) and not isinstance(value, bool):
+            bounds.check(value, key_path)
         kind = f.metadata.get("registry")
         if registry is not None and kind and value:
             try:
@@ -135,7 +142,10 @@ def build_dataclass(cls: type, data: Any, path: str, registry: Registry | None =
             except PluginError as exc:
                 raise ConfigError(str(exc)) from None
         kwargs[name] = value
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except (ValueError, ArithmeticError) as exc:  # a config class's own __post_init__ check
+        raise ConfigError(f"'{path or cls.__name__}': {exc}") from None
 
 
 def _component(section: dict, base: type, kind: str, path: str, registry: Registry) -> Any:
@@ -168,20 +178,19 @@ def validate_config(raw: dict, registry: Registry) -> LoongConfig:
 
 
 def _check_consistency(cfg: LoongConfig, registry: Registry) -> None:
-    p, t = cfg.parallel, cfg.trainer
-    for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
-                 "context_parallel_size", "expert_model_parallel_size"):
-        if getattr(p, name) < 1:
-            raise ConfigError(f"'parallel.{name}' must be >= 1, got {getattr(p, name)}.")
-    if t.micro_batch_size < 1 or t.global_batch_size < 1 or t.train_iters < 1:
-        raise ConfigError("'trainer.micro_batch_size', 'global_batch_size' and 'train_iters' must be >= 1.")
-    if t.global_batch_size % t.micro_batch_size:
-        raise ConfigError(
-            f"'trainer.global_batch_size' ({t.global_batch_size}) must be a multiple of "
-            f"'trainer.micro_batch_size' ({t.micro_batch_size})."
-        )
+    """Rules between keys (each field's own range was checked when it was built)."""
+    p, t, o = cfg.parallel, cfg.trainer, cfg.optim
+    check_name(cfg.name, "name")
+    divisible(t.global_batch_size, "trainer.global_batch_size", t.micro_batch_size,
+              "trainer.micro_batch_size", "the quotient is the gradient accumulation")
+    at_most(o.min_lr, "optim.min_lr", o.lr, "optim.lr", "the schedule decays from lr to min_lr")
     if p.sequence_parallel and p.tensor_model_parallel_size == 1:
         raise ConfigError("'parallel.sequence_parallel=true' needs tensor_model_parallel_size > 1.")
+    if p.virtual_pipeline_model_parallel_size and p.pipeline_model_parallel_size < 2:
+        raise ConfigError(
+            "'parallel.virtual_pipeline_model_parallel_size' = "
+            f"{p.virtual_pipeline_model_parallel_size} needs pipeline_model_parallel_size > 1; "
+            "set parallel.virtual_pipeline_model_parallel_size=null or raise the pipeline size.")
     if p.recompute_method and p.recompute_granularity != "full":
         raise ConfigError("'parallel.recompute_method' applies only with recompute_granularity=full.")
     if cfg.device.name != "auto" and not registry.has("device", cfg.device.name):
@@ -189,8 +198,13 @@ def _check_consistency(cfg: LoongConfig, registry: Registry) -> None:
             registry.get("device", cfg.device.name, "device.name")
         except PluginError as exc:
             raise ConfigError(str(exc)) from None
-    from loong_core.kernels.resolve import check_names
-
-    check_names(dataclasses.asdict(cfg.kernels), registry)
     if t.resume not in ("none", "auto") and not t.resume:
         raise ConfigError("'trainer.resume' must be 'none', 'auto' or a checkpoint directory.")
+    if t.run_dir:
+        check_writable_dir(t.run_dir, "trainer.run_dir", "run")
+    else:
+        check_writable_dir(Path(os.environ.get("LOONG_RUNS", "runs")) / cfg.name,
+                           "$LOONG_RUNS (or ./runs) / name", "run")
+    cache = cfg.data.cache_dir or os.environ.get("LOONG_CACHE") or Path.home() / ".cache" / "loong"
+    check_writable_dir(cache, "data.cache_dir" if cfg.data.cache_dir else "$LOONG_CACHE", "data cache")
+    cfg.model.check(cfg, "model")

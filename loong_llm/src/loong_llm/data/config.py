@@ -12,6 +12,8 @@ from loong_llm.data.corpus import CORPORA
 
 #: Smallest trainable byte-level BPE vocabulary: 256 byte symbols plus the two special tokens.
 MIN_VOCAB_SIZE = 258
+#: Largest vocabulary whose ids fit the tokenizer's 32-bit ids.
+MAX_VOCAB_SIZE = 2 ** 31 - 1
 
 
 @dataclass
@@ -40,6 +42,11 @@ class TextDataConfig(DataConfig):
             raise ConfigError(
                 f"Unknown corpus '{self.corpus}' in data.corpus.{did_you_mean(self.corpus, choices)} "
                 f"Available: {', '.join(choices)}."
+            )
+        if self.vocab_size > MAX_VOCAB_SIZE:
+            raise ConfigError(
+                f"data.vocab_size = {self.vocab_size} must be <= {MAX_VOCAB_SIZE:,} (token ids are "
+                "32-bit in the tokenizer)."
             )
         if self.tokenizer_file is None and self.vocab_size < MIN_VOCAB_SIZE:
             raise ConfigError(

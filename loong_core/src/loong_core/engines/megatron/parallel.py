@@ -18,6 +18,15 @@ def check_world(p: ParallelConfig, world_size: int) -> int:
             f"= {p.tensor_model_parallel_size} x {p.pipeline_model_parallel_size} x "
             f"{p.context_parallel_size}; change --nproc-per-node or the parallel sizes."
         )
+    expert_parallel = (p.tensor_model_parallel_size * p.expert_model_parallel_size
+                       * p.pipeline_model_parallel_size)
+    if world_size % expert_parallel:
+        raise ConfigError(
+            f"world size {world_size} is not divisible by tensor x expert x pipeline parallel "
+            f"= {p.tensor_model_parallel_size} x {p.expert_model_parallel_size} x "
+            f"{p.pipeline_model_parallel_size} (experts are laid out over those ranks); change "
+            "--nproc-per-node or parallel.expert_model_parallel_size."
+        )
     return world_size // model_parallel
 
 

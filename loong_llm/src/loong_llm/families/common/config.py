@@ -6,7 +6,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal, Optional, Union
 
+from loong_core.config.rules import at_most, divisible, non_negative, positive, probability
 from loong_core.config.schema import ModelConfig
+from loong_core.errors import ConfigError
 from loong_llm.lora import LoraConfig
 
 
@@ -24,11 +26,11 @@ class RopeScalingConfig:
         original_max_position_embeddings: Context length of pre-training before scaling.
     """
 
-    rope_type: str = "default"
-    factor: float = 8.0
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-    original_max_position_embeddings: int = 8192
+    rope_type: Literal["default", "llama3"] = "default"
+    factor: float = positive(8.0)
+    low_freq_factor: float = positive(1.0)
+    high_freq_factor: float = positive(4.0)
+    original_max_position_embeddings: int = positive(8192)
 
 
 @dataclass
@@ -63,21 +65,21 @@ class DecoderConfig(ModelConfig):
             these (checked against the registered family).
     """
 
-    num_layers: int = 4
-    hidden_size: int = 256
-    num_attention_heads: int = 4
-    num_query_groups: Optional[int] = None
-    kv_channels: Optional[int] = None
-    ffn_hidden_size: Optional[int] = None
-    vocab_size: Optional[int] = None
-    make_vocab_size_divisible_by: int = 128
-    max_position_embeddings: int = 2048
-    rotary_base: float = 10000.0
+    num_layers: int = positive(4)
+    hidden_size: int = positive(256)
+    num_attention_heads: int = positive(4)
+    num_query_groups: Optional[int] = positive(None)
+    kv_channels: Optional[int] = positive(None)
+    ffn_hidden_size: Optional[int] = positive(None)
+    vocab_size: Optional[int] = positive(None)
+    make_vocab_size_divisible_by: int = positive(128)
+    max_position_embeddings: int = positive(2048)
+    rotary_base: float = positive(10000.0)
     rope_scaling: RopeScalingConfig = field(default_factory=RopeScalingConfig)
-    norm_epsilon: float = 1.0e-5
-    init_method_std: float = 0.02
-    hidden_dropout: float = 0.0
-    attention_dropout: float = 0.0
+    norm_epsilon: float = positive(1.0e-5)
+    init_method_std: float = positive(0.02)
+    hidden_dropout: float = probability(0.0)
+    attention_dropout: float = probability(0.0)
     untie_embeddings_and_output_weights: bool = False
     add_qkv_bias: bool = False
     qk_layernorm: bool = False
@@ -85,6 +87,43 @@ class DecoderConfig(ModelConfig):
     mrope_section: Optional[list[int]] = None
     init_from_hf: Optional[str] = None
     lora: LoraConfig = field(default_factory=LoraConfig)
+
+    def check(self, run, path: str) -> None:
+        """Heads, query groups, widths and layers against TP / PP / VPP; sequence length against
+        positions (see :meth:`loong_core.config.schema.ModelConfig.check`)."""
+        p = run.parallel
+        tp_key, pp_key = "parallel.tensor_model_parallel_size", "parallel.pipeline_model_parallel_size"
+        heads_key = f"{path}.num_attention_heads"
+        if self.kv_channels is None:
+            divisible(self.hidden_size, f"{path}.hidden_size", self.num_attention_heads, heads_key,
+                      "the head dimension is hidden_size / num_attention_heads unless kv_channels is set")
+        if self.num_query_groups is not None:
+            divisible(self.num_attention_heads, heads_key, self.num_query_groups,
+                      f"{path}.num_query_groups", "each key/value head serves as many query heads")
+            divisible(self.num_query_groups, f"{path}.num_query_groups", p.tensor_model_parallel_size,
+                      tp_key, "key/value heads are split over tensor-parallel ranks")
+        divisible(self.num_attention_heads, heads_key, p.tensor_model_parallel_size, tp_key,
+                  "attention heads are split over tensor-parallel ranks")
+        divisible(self.resolved_ffn_hidden_size(), f"{path}.ffn_hidden_size",
+                  p.tensor_model_parallel_size, tp_key, "the MLP is split over tensor-parallel ranks")
+        divisible(self.num_layers, f"{path}.num_layers", p.pipeline_model_parallel_size, pp_key,
+                  "each pipeline stage holds the same number of layers")
+        vpp = p.virtual_pipeline_model_parallel_size
+        if vpp:
+            divisible(self.num_layers // p.pipeline_model_parallel_size,
+                      f"{path}.num_layers / {pp_key}", vpp,
+                      "parallel.virtual_pipeline_model_parallel_size",
+                      "each stage's layers are split into that many model chunks")
+        at_most(run.data.seq_length, "data.seq_length", self.max_position_embeddings,
+                f"{path}.max_position_embeddings", "positions beyond it have no rotary embedding")
+        if p.sequence_parallel:
+            divisible(run.data.seq_length, "data.seq_length", p.tensor_model_parallel_size, tp_key,
+                      "sequence parallelism splits the sequence over tensor-parallel ranks")
+        if self.position_embedding_type == "mrope" and self.mrope_section is not None:
+            if sum(self.mrope_section) != self.head_dim() // 2:
+                raise ConfigError(
+                    f"'{path}.mrope_section' = {self.mrope_section} must sum to head_dim / 2 = "
+                    f"{self.head_dim() // 2}.")
 
     def resolved_ffn_hidden_size(self) -> int:
         """The SwiGLU width actually used."""
@@ -129,18 +168,38 @@ class MoEDecoderConfig(DecoderConfig):
         moe_token_dispatcher_type: megatron-core dispatcher: ``alltoall`` or ``allgather``.
     """
 
-    num_experts: int = 4
-    moe_router_topk: int = 2
-    moe_ffn_hidden_size: Optional[int] = None
-    moe_shared_expert_intermediate_size: int = 0
+    num_experts: int = positive(4)
+    moe_router_topk: int = positive(2)
+    moe_ffn_hidden_size: Optional[int] = positive(None)
+    moe_shared_expert_intermediate_size: int = non_negative(0)
     moe_layer_freq: Union[int, list[int]] = 1
     moe_router_score_function: str = "softmax"
     moe_router_pre_softmax: bool = False
-    moe_router_topk_scaling_factor: Optional[float] = None
-    moe_router_num_groups: Optional[int] = None
-    moe_router_group_topk: Optional[int] = None
+    moe_router_topk_scaling_factor: Optional[float] = positive(None)
+    moe_router_num_groups: Optional[int] = positive(None)
+    moe_router_group_topk: Optional[int] = positive(None)
     moe_router_enable_expert_bias: bool = False
-    moe_router_bias_update_rate: float = 1.0e-3
+    moe_router_bias_update_rate: float = non_negative(1.0e-3)
     moe_router_load_balancing_type: str = "aux_loss"
-    moe_aux_loss_coeff: float = 1.0e-3
+    moe_aux_loss_coeff: float = non_negative(1.0e-3)
     moe_token_dispatcher_type: str = "alltoall"
+
+    def check(self, run, path: str) -> None:
+        """Dense rules plus experts against EP and the router's top-k."""
+        super().check(run, path)
+        divisible(self.num_experts, f"{path}.num_experts", run.parallel.expert_model_parallel_size,
+                  "parallel.expert_model_parallel_size", "experts are split over expert-parallel ranks")
+        at_most(self.moe_router_topk, f"{path}.moe_router_topk", self.num_experts,
+                f"{path}.num_experts", "a token picks distinct experts")
+        if self.moe_router_num_groups is not None:
+            divisible(self.num_experts, f"{path}.num_experts", self.moe_router_num_groups,
+                      f"{path}.moe_router_num_groups", "experts are split into equal groups")
+            if self.moe_router_group_topk is not None:
+                at_most(self.moe_router_group_topk, f"{path}.moe_router_group_topk",
+                        self.moe_router_num_groups, f"{path}.moe_router_num_groups")
+        if isinstance(self.moe_layer_freq, list) and len(self.moe_layer_freq) != self.num_layers:
+            raise ConfigError(
+                f"'{path}.moe_layer_freq' has {len(self.moe_layer_freq)} entries; it needs one per "
+                f"layer ({path}.num_layers = {self.num_layers}), or an int k for every k-th layer.")
+        if isinstance(self.moe_layer_freq, int) and self.moe_layer_freq < 1:
+            raise ConfigError(f"'{path}.moe_layer_freq' = {self.moe_layer_freq} must be >= 1.")
