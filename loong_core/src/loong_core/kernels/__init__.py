@@ -8,7 +8,7 @@ Model code calls::
 The choice is made once per process: ``loong train`` calls :func:`configure` with the run's
 ``kernels`` config section and device before any model is built. Without that call (unit tests,
 ``loong convert``, notebooks) the first :func:`get` resolves every op as ``auto`` for the device
-torch sees (CUDA when available, else CPU), unless ``$LOONG_KERNELS`` gives choices
+type of the backend ``device=auto`` would pick (``$LOONG_DEVICE``, else the best available), unless ``$LOONG_KERNELS`` gives choices
 (``"rms_norm=triton,attention=flex"``).
 
 Ops and their signatures: :mod:`loong_core.kernels.reference` (``attention`` also in
@@ -42,9 +42,9 @@ def _requested(section: Any) -> dict[str, str]:
 
 
 def _default_device() -> str:
-    import torch
+    from loong_core.devices.select import select_device
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    return select_device("auto").device_type  # the backend loong would train on here
 
 
 def configure(section: Any = None, device_type: str | None = None, registry=None) -> dict:
