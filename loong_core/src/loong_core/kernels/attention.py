@@ -3,7 +3,8 @@
 - ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention`` (flash / memory-efficient
   kernels on CUDA, the fused flash kernel on CPU), grouped-query attention with ``enable_gqa``
   (K/V are never repeated). Packed documents and vision windows (``segment_ids``) run as one SDPA
-  call per group of equally long segments (varlen by bucketing), so no ``[s, s]`` mask exists.
+  call per group of equally long segments (varlen by bucketing; scattered segments are sorted
+  first), so no ``[s, s]`` mask exists.
 - ``flex``: FlexAttention under ``torch.compile`` with a block mask built from ``causal`` and
   ``segment_ids`` (block-sparse: fully masked blocks are skipped).
 
@@ -45,10 +46,11 @@ def sdpa(q, k, v, *, causal: bool = True, segment_ids=None, mask=None, scale=Non
          dropout_p: float = 0.0):
     """Attention through SDPA; see :func:`loong_core.kernels.reference.attention`."""
     sq, sk = q.shape[2], k.shape[2]
-    if mask is None and segment_ids is not None:
+    if mask is None and segment_ids is not None and sq == sk:
         runs = _runs(segment_ids)
         if runs is not None:
             return _segments(q, k, v, runs, causal, scale, dropout_p)
+        return _sorted_segments(q, k, v, segment_ids, causal, scale, dropout_p)
     if mask is not None or segment_ids is not None or (causal and sq != sk):
         allowed = combined_mask(sq, sk, q.device, causal, segment_ids, mask)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p,
@@ -74,6 +76,22 @@ def _segments(q, k, v, runs, causal, scale, dropout_p):
             pieces[(b, s)] = piece
     rows = [torch.cat([pieces[(b, s)] for s, _ in row], dim=1) for b, row in enumerate(runs)]
     return torch.stack(rows)
+
+
+def _sorted_segments(q, k, v, segment_ids, causal, scale, dropout_p):
+    """Segments scattered over the sequence (vision windows in patch order): a stable sort by
+    segment makes each contiguous (order inside a segment is kept, so causality holds), the
+    per-segment path runs, and the output is put back in the original order."""
+    order = torch.argsort(segment_ids, dim=1, stable=True)
+    inverse = torch.argsort(order, dim=1)
+
+    def gather(t, index):
+        return torch.gather(t, 2, index[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[3]))
+
+    sorted_ids = torch.gather(segment_ids, 1, order)
+    out = _segments(gather(q, order), gather(k, order), gather(v, order), _runs(sorted_ids),
+                    causal, scale, dropout_p)
+    return gather(out, inverse)
 
 
 @functools.lru_cache(maxsize=1)

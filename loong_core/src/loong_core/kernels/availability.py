@@ -25,7 +25,11 @@ def compile_available() -> bool:
 
 
 def flex_available() -> bool:
-    """FlexAttention exists in this torch and can be compiled (it is only fast compiled)."""
+    """FlexAttention exists in this torch, can be compiled (it is only fast compiled) and a CUDA
+    device is present: torch 2.13's FlexAttention has no backward on CPU, so it cannot train
+    there (its forward still runs, for inference and tests)."""
     if importlib.util.find_spec("torch.nn.attention.flex_attention") is None:
         return False
-    return compile_available()
+    import torch
+
+    return torch.cuda.is_available() and compile_available()

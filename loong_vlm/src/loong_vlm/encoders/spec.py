@@ -11,15 +11,19 @@ def bidirectional_layer_spec(normalization: str = "LayerNorm"):
     """Local (no TransformerEngine) transformer layer with no attention mask.
 
     megatron-core's GPT local spec with its self-attention switched from causal to ``no_mask``,
-    so every patch attends to every other patch of its image.
+    so every patch attends to every other patch of its image; its core attention is the kernel
+    seam's (``kernels.attention``: windows and frames given as block-diagonal masks run per
+    segment, without a dense mask).
     """
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.enums import AttnMaskType
 
+    from loong_core.engines.megatron.seam.spec import apply
+
     spec = copy.deepcopy(get_gpt_layer_local_spec(normalization=normalization))
     spec.submodules.self_attention.params = {**spec.submodules.self_attention.params,
                                              "attn_mask_type": AttnMaskType.no_mask}
-    return spec
+    return apply(spec)
 
 
 def encoder_transformer_config(cfg, parallel_kwargs: dict, **overrides):

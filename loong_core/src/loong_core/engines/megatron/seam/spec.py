@@ -63,7 +63,7 @@ def transformer_kwargs(gated_silu: bool = True) -> dict:
     return {"use_te_activation_func": gated_silu and not kernels.is_plain("swiglu")}
 
 
-def apply(spec, config, vp_stage: int | None = None):
+def apply(spec, config=None, vp_stage: int | None = None):
     """Return ``spec`` (a layer spec, a block spec or any ``ModuleSpec`` tree) with the seam's
     modules; the input is not modified.
 
@@ -72,6 +72,8 @@ def apply(spec, config, vp_stage: int | None = None):
     non-plain ``rms_norm`` every RMSNorm (``WrappedTorchNorm`` under ``normalization=RMSNorm``)
     becomes :class:`SeamRMSNorm`; with ``config.use_te_activation_func`` every MLP gets
     :class:`SeamSwiGLU`. Also routes megatron-core's rotary embedding through the seam.
+    Without ``config`` (a spec built before its ``TransformerConfig``) only the core attention
+    and RoPE are the seam's and a layer spec stays a layer spec.
     """
     import copy
 
@@ -80,13 +82,16 @@ def apply(spec, config, vp_stage: int | None = None):
 
     rope.install()
     spec = copy.deepcopy(spec)
-    if isinstance(spec, ModuleSpec) and issubclass(spec.module, BaseTransformerLayer):
-        spec = _get_block_submodules(config, spec, vp_stage)
-    provider = LoongSpecProvider()
-    norm = provider.layer_norm(rms_norm=config.normalization == "RMSNorm")
-    act = SeamSwiGLU if config.use_te_activation_func else None
-    if config.use_te_activation_func and not swiglu_active(config):
-        raise ValueError("use_te_activation_func is set but the MLP is not a gated silu (SwiGLU).")
+    norm, act = WrappedTorchNorm, None
+    if config is not None:
+        if isinstance(spec, ModuleSpec) and issubclass(spec.module, BaseTransformerLayer):
+            spec = _get_block_submodules(config, spec, vp_stage)
+        if config.normalization == "RMSNorm":
+            norm = LoongSpecProvider().layer_norm(rms_norm=True)
+        if config.use_te_activation_func:
+            if not swiglu_active(config):
+                raise ValueError("use_te_activation_func is set but the MLP is not a gated silu.")
+            act = SeamSwiGLU
     _walk(spec, norm, act, set())
     return spec
 
