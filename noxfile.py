@@ -7,7 +7,7 @@ import nox
 nox.options.sessions = ["lint", "tests"]
 nox.options.default_venv_backend = "venv"
 
-PLUGINS = ["loong_llm", "loong_vlm", "loong_diffusion", "loong_embodied", "loong_kernels"]
+PLUGINS = ["loong_llm", "loong_vlm", "loong_diffusion", "loong_embodied", "loong_kernels", "loong_xpu"]
 EXTRAS = {"loong_llm": "[data]", "loong_embodied": "[sim,vla]"}
 # Plugins built on another plugin (installed first in the isolated session).
 REQUIRES = {"loong_vlm": ["loong_llm"]}

@@ -38,6 +38,7 @@ def test_without_the_vendor_stack_xpu_is_unavailable_and_auto_skips_it(no_vendor
 
 
 def test_loong_device_xpu_without_the_vendor_stack_fails_at_once_naming_what_to_install(no_vendor, tmp_path):
+    pytest.importorskip("loong_llm", reason="the run uses loong_llm's llama_debug experiment")
     result = run_train(["experiment=llama_debug"], nproc=2, env={"LOONG_DEVICE": "xpu"}, check=False,
                        cwd=tmp_path, timeout=120)
     assert result.returncode == 2

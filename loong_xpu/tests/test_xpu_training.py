@@ -26,6 +26,7 @@ OVERRIDES = ["experiment=llama_debug", "trainer.train_iters=3", "trainer.log_int
 
 @pytest.mark.multirank
 def test_two_rank_xpu_run_over_the_fake_runtime_equals_the_cpu_backends_run(tmp_path):
+    pytest.importorskip("loong_llm", reason="the run uses loong_llm's llama_debug experiment")
     vendor = {"PYTHONPATH": os.pathsep.join(filter(None, [str(FAKE_VENDOR), os.environ.get("PYTHONPATH")]))}
     runs = {}
     for device, extra in (("cpu", {}), ("xpu", {"LOONG_XPU_RUNTIME": FAKE_RUNTIME})):
