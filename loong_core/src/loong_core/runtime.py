@@ -111,11 +111,15 @@ def train(overrides: list[str]) -> dict:
 
     device.manual_seed(cfg.trainer.seed)
     if rank == 0 if cfg.data.shared_cache else local_rank == 0:
+        logger.info("preparing data '%s' (the first run builds its cache, later runs reuse it)",
+                    cfg.data.name)
         data_module.prepare()
     torch.distributed.barrier()
     data_module.setup()
     provider.apply_data_overrides(data_module.model_overrides())
 
+    if rank == 0:
+        logger.info("building model '%s' on the %s engine", cfg.model.name, cfg.parallel.engine)
     engine = engine_cls(cfg, device, provider)
     layout = engine.init_parallel()
     engine.setup()
@@ -143,7 +147,8 @@ def train(overrides: list[str]) -> dict:
     if rank == 0:
         logger.info("%s", banner(cfg, device, layout, num_params, system, run_dir))
     trainer = Trainer(run, engine, loader(train_set), loader(valid_set) if eval_samples else None,
-                      system.hook, device, provider.flops_per_token(seq_length))
+                      system.hook, device, provider.flops_per_token(seq_length),
+                      unit=provider.throughput_unit)
     start = 0
     if resume_from is not None:
         start = trainer.resume(resume_from)

@@ -23,6 +23,7 @@ class DiffusionProvider(ModelProvider):
 
     engines = ("torch",)
     reported_metrics = ("loss",)
+    throughput_unit = "samples"
 
     def __init__(self, config: Any):
         super().__init__(config)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 
 
@@ -40,6 +41,9 @@ def run(args, extra) -> int:
     resolve_device_name(cfg.device.name)  # a named device that is missing: one error, here
     if options.nnodes in ("1", "1:1"):
         check_layout(cfg, options.nproc_per_node)
+    logging.getLogger("loong.train").info(
+        "experiment %s: starting %d rank(s) on this machine (importing torch and the engine, then "
+        "data and model)", cfg.name, options.nproc_per_node)
     try:
         launch(options, overrides)
     except Exception as exc:  # torchrun reports failed workers with ChildFailedError

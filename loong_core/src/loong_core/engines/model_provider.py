@@ -16,9 +16,13 @@ class ModelProvider:
         torch_unused_parameters: Torch engine: some parameters get no gradient in a step (for
             example the text stream of a double-stream DiT's last block); DDP then searches for
             them every step.
+        throughput_unit: What :meth:`tokens_in` counts, as the progress line and metrics name
+            it: ``tokens`` (``tok/s``), ``samples`` (images, videos) or ``frames`` (robot
+            observations); :meth:`flops_per_token` is per item of this unit.
     """
 
     engines: tuple[str, ...] = ("megatron",)
+    throughput_unit: str = "tokens"
     reported_metrics: tuple[str, ...] = ("loss",)
     torch_unused_parameters: bool = False
 
@@ -87,7 +91,8 @@ class ModelProvider:
 
     # -- accounting ------------------------------------------------------------------------
     def flops_per_token(self, seq_length: int) -> float:
-        """Training FLOPs (forward + backward) per token, for MFU."""
+        """Training FLOPs (forward + backward) per token (per ``throughput_unit`` item), for MFU;
+        0 when unknown (then no MFU is shown)."""
         raise NotImplementedError
 
     def tokens_in(self, batch: dict) -> int:

@@ -15,6 +15,7 @@ from loong_core.checkpoint import store
 from loong_core.errors import CheckpointError, TrainingError
 from loong_core.trainer.metrics import MetricsWriter
 from loong_core.trainer.progress import Progress
+from loong_core.trainer.throughput import Throughput
 
 logger = logging.getLogger(__name__)
 
@@ -29,10 +30,14 @@ class Trainer:
         valid_loader: Loader over the validation split, or None.
         hooks: The plugin hook relay.
         device: The device backend.
-        flops_per_token: Training FLOPs per token of the whole model (for MFU).
+        flops_per_token: Training FLOPs per token (per item of ``unit``) of the whole model,
+            for MFU; 0 when unknown (no MFU shown).
+        unit: What the engine's ``tokens`` count: ``tokens``, ``samples`` or ``frames``
+            (``ModelProvider.throughput_unit``).
     """
 
-    def __init__(self, run, engine, train_loader, valid_loader, hooks, device, flops_per_token):
+    def __init__(self, run, engine, train_loader, valid_loader, hooks, device, flops_per_token,
+                 unit: str = "tokens"):
         self.run, self.engine, self.hooks, self.device = run, engine, hooks, device
         self.train_loader, self.valid_loader = train_loader, valid_loader
         self.cfg = run.config.trainer
@@ -47,6 +52,7 @@ class Trainer:
         self.last_eval_metrics: dict[str, float] = {}
         peak = device.peak_flops(device.default_dtype)
         self._peak = peak * run.world_size if peak else None  # None: unknown peak, no MFU
+        self.throughput = Throughput(unit, flops_per_token, self._peak)
 
     # -- state ---------------------------------------------------------------------------------
     def _rng_state(self) -> dict:
@@ -140,10 +146,12 @@ class Trainer:
         """Train from ``start_iteration`` to ``train_iters``; returns the last metrics."""
         cfg = self.cfg
         self.run.iteration = start_iteration
-        progress = Progress(cfg.train_iters, start_iteration, self.is_logger, cfg.progress_bar)
+        progress = Progress(cfg.train_iters, start_iteration, self.is_logger, cfg.progress_bar,
+                            unit=self.throughput.unit, show_mfu=self.throughput.reports_mfu)
+        if self.metrics is not None:
+            self.metrics.start(start_iteration)
         self.hooks.loong_on_train_start(run=self.run)
         metrics: dict = {}
-        window_tokens, window_time = 0.0, 0.0
         try:
             if self.valid_loader is not None and cfg.eval_at_start and start_iteration == 0:
                 progress.note(f"step 0: validation loss {self.evaluate(0):.4f}{self._extra_note()}")
@@ -164,13 +172,10 @@ class Trainer:
                 self.run.iteration = step
                 if result.skipped:
                     self.skipped_steps += 1
-                window_tokens += result.tokens
-                window_time += elapsed
-                tokens_per_sec = result.tokens / elapsed if elapsed > 0 else 0.0
+                self.throughput.add(result.tokens, elapsed)
                 metrics = {
                     "loss": result.loss, "lr": result.lr, "grad_norm": result.grad_norm,
-                    "tokens_per_sec": tokens_per_sec, "step_time": elapsed,
-                    **({"mfu": tokens_per_sec * self.flops_per_token / self._peak} if self._peak else {}),
+                    **self.throughput.averages(), "step_time": elapsed,
                     "skipped_steps": self.skipped_steps,
                     **(result.extra or {}), **self.device.memory_stats(),
                 }
@@ -181,10 +186,9 @@ class Trainer:
                 progress.update(step, metrics, log_line=log_now)
                 if log_now:
                     if self.metrics is not None:
-                        avg = window_tokens / window_time if window_time else 0.0
-                        self.metrics.write(step, {**metrics, "tokens_per_sec_avg": avg})
+                        self.metrics.write(step, metrics)
                     self.hooks.loong_on_log_step(run=self.run, step=step, metrics=metrics)
-                    window_tokens, window_time = 0.0, 0.0
+                    self.throughput.reset()
                 if self.valid_loader is not None and cfg.eval_interval and step % cfg.eval_interval == 0:
                     valid = self.evaluate(step)
                     metrics["valid_loss"] = valid

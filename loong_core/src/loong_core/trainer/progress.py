@@ -6,6 +6,8 @@ import logging
 import sys
 import time
 
+from loong_core.trainer.throughput import SHORT_UNITS
+
 logger = logging.getLogger("loong.train")
 
 
@@ -17,17 +19,25 @@ def _eta(seconds: float) -> str:
 
 
 class Progress:
-    """Shows step, loss, tokens/s, MFU, memory and ETA.
+    """Shows step, loss, throughput in the model's unit, MFU, memory and ETA.
+
+    Throughput and MFU are the averages of the current logging interval
+    (:class:`~loong_core.trainer.throughput.Throughput`), not the last step's.
 
     Args:
         total: Last iteration.
         start: First iteration (after resume).
         enabled: Whether this rank displays anything (local rank 0 of the logging rank).
         bar: Draw a tqdm bar (only when stderr is a terminal).
+        unit: ``tokens``, ``samples`` or ``frames`` (the metrics key is ``<unit>_per_sec``).
+        show_mfu: The model's FLOPs are known: show MFU (``n/a`` when the device has no peak);
+            False omits it.
     """
 
-    def __init__(self, total: int, start: int, enabled: bool, bar: bool):
+    def __init__(self, total: int, start: int, enabled: bool, bar: bool, unit: str = "tokens",
+                 show_mfu: bool = True):
         self.total, self.start, self.enabled = total, start, enabled
+        self.unit, self.show_mfu = unit, show_mfu
         self._started = time.perf_counter()
         self._bar = None
         if enabled and bar and sys.stderr.isatty():
@@ -47,11 +57,13 @@ class Progress:
         if not self.enabled:
             return
         eta = self.eta(step)
+        rate = metrics.get(f"{self.unit}_per_sec", 0.0)
         fields = {
             "loss": f"{metrics['loss']:.4f}",
-            "tok/s": f"{metrics.get('tokens_per_sec', 0):.0f}",
-            "mfu": f"{100 * metrics.get('mfu', 0):.1f}%",
+            SHORT_UNITS.get(self.unit, f"{self.unit}/s"): f"{rate:.0f}" if rate >= 10 else f"{rate:.2f}",
         }
+        if self.show_mfu:
+            fields["mfu"] = f"{100 * metrics['mfu']:.1f}%" if "mfu" in metrics else "n/a"
         if "mem_gib" in metrics:
             fields["mem"] = f"{metrics['mem_gib']:.1f}G"
         fields["eta"] = _eta(eta) if eta == eta else "?"

@@ -17,9 +17,10 @@ class ActionPolicyProvider(ModelProvider):
 
     engines = ("torch",)
     reported_metrics = ("loss",)
+    throughput_unit = "frames"
 
     def tokens_in(self, batch: dict) -> int:
-        """Samples in the micro batch (reported as tokens/s)."""
+        """Frames (observation -> action-chunk samples) in the micro batch (``frames/s``)."""
         return int(batch["action"].shape[0])
 
     def flops_per_token(self, seq_length: int) -> float:
