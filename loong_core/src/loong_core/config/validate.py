@@ -200,6 +200,9 @@ def _check_consistency(cfg: LoongConfig, registry: Registry) -> None:
             raise ConfigError(str(exc)) from None
     if t.resume not in ("none", "auto") and not t.resume:
         raise ConfigError("'trainer.resume' must be 'none', 'auto' or a checkpoint directory.")
+    from loong_core.kernels.resolve import check_names
+
+    check_names(dataclasses.asdict(cfg.kernels), registry)
     if t.run_dir:
         check_writable_dir(t.run_dir, "trainer.run_dir", "run")
     else:
