@@ -59,10 +59,29 @@ def choose_run_dir(cfg) -> tuple[Path, Path | None]:
             suffix += 1
     resume_from = None
     if t.resume == "auto":
-        resume_from = store.find_latest(run_dir / "checkpoints")
+        resume_from = store.find_latest_intact(run_dir / "checkpoints")  # damaged ones passed over
     elif t.resume not in ("none", ""):
         resume_from = store.resolve_checkpoint(t.resume)  # clear error before anything is built
+        store.verify_checkpoint(resume_from)
     return run_dir, resume_from
+
+
+def _start_plan(cfg):
+    """Rank 0: ``(run_dir, checkpoint to resume, checkpoint to initialise from)``, every file of
+    the checkpoint verified, or the :class:`LoongError` that stops the run (broadcast, so that
+    every rank raises it instead of waiting for rank 0)."""
+    from loong_core.checkpoint import store
+    from loong_core.errors import LoongError
+
+    try:
+        run_dir, resume_from = choose_run_dir(cfg)
+        init_source = None
+        if resume_from is None and cfg.trainer.init_from:
+            init_source = store.resolve_checkpoint(cfg.trainer.init_from)
+            store.verify_checkpoint(init_source)
+        return run_dir, resume_from, init_source
+    except LoongError as exc:
+        return exc
 
 
 def _save_config(cfg, run_dir: Path, overrides: list[str]) -> None:
@@ -124,7 +143,10 @@ def train(overrides: list[str]) -> dict:
     layout = engine.init_parallel()
     engine.setup()
 
-    run_dir, resume_from = _broadcast_object(choose_run_dir(cfg) if rank == 0 else None)
+    plan = _broadcast_object(_start_plan(cfg) if rank == 0 else None)
+    if isinstance(plan, Exception):
+        raise plan
+    run_dir, resume_from, init_source = plan
     if rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         _save_config(cfg, run_dir, overrides)
@@ -152,13 +174,10 @@ def train(overrides: list[str]) -> dict:
     start = 0
     if resume_from is not None:
         start = trainer.resume(resume_from)
-    elif t.init_from:
-        from loong_core.checkpoint import store
-
-        source = store.resolve_checkpoint(t.init_from)
-        engine.load_model_weights(str(source))
+    elif init_source is not None:
+        engine.load_model_weights(str(init_source))
         if rank == 0:
-            logger.info("initialised model weights from %s", source)
+            logger.info("initialised model weights from %s", init_source)
     elif t.resume == "auto" and rank == 0:
         logger.info("trainer.resume=auto: no checkpoint in %s, starting fresh", run_dir)
     try:

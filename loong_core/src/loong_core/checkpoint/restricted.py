@@ -23,6 +23,7 @@ import contextlib
 import importlib
 import io
 import pickle
+import re
 from pathlib import Path
 
 import torch
@@ -40,13 +41,13 @@ _METADATA_CLASSES = {
     "torch.serialization": {"_get_layout"},
     "torch": {"Size"},
     "collections": {"OrderedDict"},
+    "pathlib": {"Path", "PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath"},  # checkpoint_id
     "builtins": {"set", "frozenset"},
 }
 
-_TRUST_NOTE = ("loong refuses to load it because unpickling it could run code. If the checkpoint "
-               "is one you wrote and the file is not damaged, it was written by a tool that stores "
-               "arbitrary Python objects; write it again with loong (checkpoints hold tensors, "
-               "numbers, strings and lists/dicts of them only).")
+_TRUST_NOTE = ("loong does not unpickle such content because it can run code. loong writes only "
+               "tensors and plain data into checkpoints, so the file was altered or written by "
+               "another tool; use a checkpoint from a source you trust, or write it again with loong.")
 
 
 class UnsafeFileError(CheckpointError):
@@ -60,6 +61,9 @@ class UnsafeFileError(CheckpointError):
     def __init__(self, file: str | Path, detail: str):
         self.file, self.detail = str(file), detail
         super().__init__(f"{file}: {detail}. {_TRUST_NOTE}")
+
+    def __reduce__(self):  # torch.distributed pickles errors between ranks
+        return type(self), (self.file, self.detail)
 
 
 class _MetadataUnpickler(pickle.Unpickler):
@@ -112,8 +116,9 @@ def load_torch_file(source, name: str | Path | None = None):
         with torch.serialization.safe_globals(_numpy_array_globals()):
             return torch.load(source, weights_only=True, map_location="cpu")
     except pickle.UnpicklingError as exc:
-        first = str(exc).split("\n\n")[-1].strip().splitlines()[0] if str(exc) else "unsupported content"
-        raise UnsafeFileError(name, f"holds objects other than tensors and plain data ({first})") from None
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(exc))
+        what = f"it references {found.group(1)}" if found else str(exc).strip().splitlines()[-1][:200]
+        raise UnsafeFileError(name, f"holds objects other than tensors and plain data ({what})") from None
     except (OSError, EOFError, RuntimeError, ValueError) as exc:
         raise CheckpointError(f"{name} is missing or unreadable ({type(exc).__name__}: {exc}); the "
                               "checkpoint is incomplete or damaged.") from None
@@ -208,6 +213,7 @@ def dcp_load(state: dict, directory: str | Path) -> None:
 
     planner = type("RestrictedLoadPlanner", (RestrictedBytesMixin, DefaultLoadPlanner), {})()
     with checkpoint_errors(directory):
+        read_metadata_file(Path(directory) / ".metadata")  # DCP would hide this error in its own
         dcp.load(state, storage_reader=restricted_reader(directory), planner=planner)
 
 
@@ -242,6 +248,7 @@ def mcore_load(sharded_state: dict, directory: str | Path) -> dict:
     from megatron.core import dist_checkpointing
 
     with checkpoint_errors(directory), _megatron_restricted():
+        read_metadata_file(Path(directory) / ".metadata")  # DCP would hide this error in its own
         return dist_checkpointing.load(sharded_state, str(directory), common_strategy=_common_strategy())
 
 

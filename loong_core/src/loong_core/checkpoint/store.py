@@ -3,14 +3,17 @@
 Layout under ``<run_dir>/checkpoints``::
 
     iter_0000010/             a complete checkpoint (renamed into place as the last step)
-        loong_complete.json   iteration, world size, layout; written before the rename
+        loong_complete.json   iteration, world size, layout, size and CRC-32 of every other file;
+                              written before the rename
         rng/rank_00000.pt     per-rank RNG state
         ...                   the engine's files (dist_checkpointing / DCP)
     iter_0000020.partial/     a save in progress or interrupted: never loaded, removed on retry
 
 Saving is collective: every rank writes its shards into ``iter_N.partial``; after a barrier rank 0
 writes the completion record and renames the folder. A crash at any point leaves either the old
-checkpoints untouched or a ``.partial`` folder that :func:`find_latest` ignores.
+checkpoints untouched or a ``.partial`` folder that :func:`find_latest` ignores. Before a
+checkpoint is read, :func:`verify_checkpoint` checks its files against the record
+(:mod:`~loong_core.checkpoint.integrity`), and :func:`find_latest_intact` passes over damaged ones.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from loong_core.checkpoint import integrity
 from loong_core.errors import CheckpointError
 
 logger = logging.getLogger(__name__)
@@ -66,6 +70,41 @@ def read_record(path: Path) -> dict:
             f"{exc}). Point trainer.resume (or trainer.init_from) at a directory named iter_NNNNNNN "
             "that contains it, or at a run directory to take its newest complete checkpoint."
         ) from None
+
+
+def verify_checkpoint(path: Path) -> dict:
+    """The record of ``path`` after checking every file it lists (size and checksum).
+
+    Raises:
+        CheckpointError: No record, or a file is missing, truncated or changed (named).
+    """
+    record = read_record(path)
+    integrity.verify(path, record)
+    return record
+
+
+def find_latest_intact(checkpoint_root: Path) -> Path | None:
+    """The newest complete checkpoint whose files verify; damaged newer ones are logged and passed over.
+
+    Raises:
+        CheckpointError: There are checkpoints, but none is intact.
+    """
+    found = list_checkpoints(checkpoint_root)
+    problems = []
+    for path in reversed(found):
+        try:
+            verify_checkpoint(path)
+        except CheckpointError as exc:
+            logger.warning("trainer.resume=auto: skipping damaged checkpoint: %s", exc)
+            problems.append(str(exc))
+            continue
+        if problems:
+            logger.warning("trainer.resume=auto: falling back to %s, the newest intact checkpoint", path)
+        return path
+    if problems:
+        raise CheckpointError(f"no intact checkpoint in {checkpoint_root}: {'; '.join(problems)}. Restore "
+                              "the files, or start over with trainer.resume=none (or another trainer.run_dir).")
+    return None
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
@@ -118,10 +157,11 @@ def save_collective(checkpoint_root: Path, iteration: int, write_shards, record:
     (partial / "rng").mkdir(exist_ok=True)
     torch.save(rng_state, partial / "rng" / f"rank_{rank:05d}.pt")
     _barrier()
+    files = integrity.collective_checksums(partial, skip=(COMPLETE_FILE, COMPLETE_FILE[:-5] + ".tmp"))
     if rank == 0:
         complete = partial / COMPLETE_FILE
         tmp = complete.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"iteration": iteration, **record}, indent=1))
+        tmp.write_text(json.dumps({"iteration": iteration, **record, "files": files}, indent=1))
         os.replace(tmp, complete)
         os.replace(partial, final)
         fd = os.open(checkpoint_root, os.O_RDONLY)
@@ -138,7 +178,9 @@ def load_rng(path: Path, rank: int) -> dict | None:
     file = path / "rng" / f"rank_{rank:05d}.pt"
     if not file.is_file():
         return None
-    return torch.load(file, weights_only=False)
+    from loong_core.checkpoint.restricted import load_torch_file
+
+    return load_torch_file(file)
 
 
 def prune(checkpoint_root: Path, keep: int) -> None:

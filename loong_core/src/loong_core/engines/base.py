@@ -35,6 +35,8 @@ class StepResult:
         grad_norm: Global gradient norm before clipping (NaN when not computed).
         lr: Learning rate used for the step.
         skipped: Whether the optimizer skipped the update.
+        nonfinite: The loss or a gradient was NaN/inf, so the update was skipped (the trainer
+            stops or counts the step, see ``trainer.exit_on_nan``).
         extra: Further scalars the model reported (summed over micro batches and ranks).
     """
 
@@ -43,6 +45,7 @@ class StepResult:
     grad_norm: float = float("nan")
     lr: float = float("nan")
     skipped: bool = False
+    nonfinite: bool = False
     extra: dict | None = None
 
 
@@ -88,6 +91,26 @@ class Engine:
     def load_model_weights(self, directory: str) -> None:
         """Initialise the model from a checkpoint's weights only (fine-tuning start)."""
         raise NotImplementedError
+
+    def weights_finite(self) -> bool:
+        """Whether every parameter of the model is finite on every rank (collective).
+
+        The trainer asks before each save, so that no checkpoint holds NaN/inf weights. Works on
+        ``self.model`` as a module or a list of modules (model chunks), sharded (DTensor) or not.
+        """
+        import torch
+
+        chunks = self.model if isinstance(self.model, (list, tuple)) else [self.model]
+        bad = torch.zeros(1, device=self.device.torch_device)
+        for chunk in chunks:
+            for param in chunk.parameters():
+                local = param.to_local() if hasattr(param, "to_local") else param
+                if local.numel() and not bool(torch.isfinite(local).all()):
+                    bad.fill_(1.0)
+                    break
+        if torch.distributed.is_initialized():
+            torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
+        return bad.item() == 0
 
     def rng_state(self) -> dict:
         """Engine-held RNG state (for example megatron's model-parallel RNG tracker)."""

@@ -12,8 +12,9 @@ import numpy as np
 import torch
 
 from loong_core.checkpoint import store
-from loong_core.errors import CheckpointError, TrainingError
+from loong_core.errors import CheckpointError
 from loong_core.trainer.metrics import MetricsWriter
+from loong_core.trainer.nonfinite import NonFiniteGuard
 from loong_core.trainer.progress import Progress
 from loong_core.trainer.throughput import Throughput
 
@@ -49,6 +50,7 @@ class Trainer:
         # Steps whose update the optimizer skipped (an fp16 overflow, or a non-finite loss when the
         # run continues past it); saved with checkpoints so a resumed run keeps counting.
         self.skipped_steps = 0
+        self.nonfinite = NonFiniteGuard(self.cfg.exit_on_nan)
         self.last_eval_metrics: dict[str, float] = {}
         peak = device.peak_flops(device.default_dtype)
         self._peak = peak * run.world_size if peak else None  # None: unknown peak, no MFU
@@ -75,9 +77,13 @@ class Trainer:
                 f"{path} holds model weights only (no optimizer or schedule), so it cannot be "
                 f"resumed: start from it with trainer.init_from={path} instead."
             )
+        from torch.distributed.checkpoint.api import CheckpointException
+
         try:
             common = self.engine.load_checkpoint(str(path))
-        except Exception as exc:
+        except CheckpointError:
+            raise
+        except (Exception, CheckpointException) as exc:  # torch's derives from BaseException
             older = [p.name for p in store.list_checkpoints(path.parent) if p != path]
             raise CheckpointError(
                 f"could not load checkpoint {path}: {type(exc).__name__}: {exc}. It may be corrupt "
@@ -95,6 +101,7 @@ class Trainer:
         self.skipped_steps = int(common.get("skipped_steps", 0))
         logger.info("resumed from %s at iteration %d", path, record["iteration"])
         self._last_saved = int(record["iteration"])
+        self.nonfinite.last_good = path
         return int(record["iteration"])
 
     def _layout_record(self) -> dict:
@@ -104,7 +111,8 @@ class Trainer:
                 "ep": p.expert_model_parallel_size}
 
     def save(self, iteration: int) -> Path:
-        """Write an atomic checkpoint of the state after ``iteration`` steps."""
+        """Write an atomic checkpoint of the state after ``iteration`` steps (finite weights only)."""
+        self.nonfinite.check_weights(iteration, self.engine)
         common = {"iteration": iteration, "consumed_samples": iteration * self.cfg.global_batch_size,
                   "skipped_steps": self.skipped_steps}
         path = store.save_collective(
@@ -114,6 +122,7 @@ class Trainer:
             rng_state=self._rng_state(),
         )
         self._last_saved = iteration
+        self.nonfinite.last_good = path
         self.hooks.loong_on_checkpoint_saved(run=self.run, step=iteration, path=str(path))
         return path
 
@@ -137,6 +146,8 @@ class Trainer:
         self.last_eval_metrics = extra
         if self.metrics is not None:
             self.metrics.write(step, {"loss": loss, "ppl": math.exp(min(loss, 50)), **extra}, split="valid")
+        if tokens:
+            self.nonfinite.check_validation(step, loss)
         return loss
 
     def _extra_note(self) -> str:
@@ -163,12 +174,7 @@ class Trainer:
                 result = self.engine.train_step(micro_batches)
                 self.device.synchronize()
                 elapsed = time.perf_counter() - started
-                if cfg.exit_on_nan and not math.isfinite(result.loss):
-                    raise TrainingError(
-                        f"loss is {result.loss} at step {step}. Lower optim.lr, check the data, "
-                        f"or resume from the last checkpoint in {self.checkpoint_root} with "
-                        f"trainer.resume=auto (set trainer.exit_on_nan=false to continue anyway)."
-                    )
+                self.nonfinite.check_step(step, result)
                 self.run.iteration = step
                 if result.skipped:
                     self.skipped_steps += 1

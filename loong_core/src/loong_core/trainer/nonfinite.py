@@ -5,7 +5,8 @@ The engines skip the update of a step whose loss or gradients are NaN/inf (and s
 an error naming the step and the last good checkpoint (``exit_on_nan=true``) or lets it go on,
 the step counted in ``skipped_steps`` (``false``). A non-finite validation loss is treated the
 same way, and before every save the weights are checked on all ranks: a checkpoint with NaN/inf
-weights is never written, whatever ``exit_on_nan`` says.
+weights, or taken while the latest validation loss is NaN/inf, is never written, whatever
+``exit_on_nan`` says.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class NonFiniteGuard:
     def __init__(self, exit_on_nan: bool):
         self.exit_on_nan = exit_on_nan
         self.last_good: Path | None = None
+        self._bad_validation: tuple[int, float] | None = None
 
     def _fix(self) -> str:
         if self.last_good is None:
@@ -51,18 +53,24 @@ class NonFiniteGuard:
 
     def check_validation(self, step: int, loss: float) -> None:
         """After an evaluation: a NaN/inf validation loss means the weights went bad."""
+        self._bad_validation = None if math.isfinite(loss) else (step, loss)
         if math.isfinite(loss):
             return
         if self.exit_on_nan:
             raise TrainingError(f"validation loss is {loss} at step {step}. {self._fix()}")
-        logger.warning("step %d: validation loss is %s", step, loss)
+        logger.warning("step %d: validation loss is %s; no checkpoint is written until it is finite again",
+                       step, loss)
 
     def check_weights(self, step: int, engine) -> None:
         """Before a save (collective): refuse to write NaN/inf weights.
 
         Raises:
-            TrainingError: Some weight is not finite (on any rank).
+            TrainingError: The latest validation loss or some weight (on any rank) is not finite.
         """
+        if self._bad_validation is not None:
+            at, loss = self._bad_validation
+            raise TrainingError(f"no checkpoint was written at step {step}: the validation loss at step {at} "
+                                f"was {loss}. {self._fix()}")
         if not engine.weights_finite():
             raise TrainingError(f"the weights are not finite at step {step}, so no checkpoint was "
                                 f"written. {self._fix()}")

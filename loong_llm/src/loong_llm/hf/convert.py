@@ -254,7 +254,7 @@ def _model_config_of(src: Path) -> tuple[dict, dict | None, str | None, Path | N
     """``(model config, HF config.json base, HF dtype, source HF files)`` of a checkpoint."""
     from loong_core.checkpoint import store
 
-    record = store.read_record(src)
+    record = store.verify_checkpoint(src)  # every file's size and checksum
     if "model" in record:
         files = src / HF_FILES
         return (record["model"], record.get("hf_config"), record.get("hf_dtype"),
@@ -282,8 +282,8 @@ def loong_to_hf(src: str, dst: str, dtype: str | None = None) -> dict:
         ``{"seconds", "bytes"}``.
     """
     import torch
-    from megatron.core import dist_checkpointing
 
+    from loong_core.checkpoint.restricted import mcore_load
     from loong_core.config.schema import ParallelConfig
     from loong_core.config.validate import build_dataclass
     from loong_core.engines.megatron import parallel
@@ -305,7 +305,7 @@ def loong_to_hf(src: str, dst: str, dtype: str | None = None) -> dict:
     model = provider.build_megatron_model(provider.megatron_config(parallel.transformer_kwargs(p)),
                                           pre_process=True, post_process=True, vp_stage=None)
     provider.attach_adapters([model])  # a LoRA run's checkpoint holds its adapters
-    loaded = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(src_path))
+    loaded = mcore_load({"model": model.sharded_state_dict()}, src_path)
     model.load_state_dict(loaded["model"], strict=True)
     lora = getattr(cfg, "lora", None) or getattr(getattr(cfg, "foundation", None), "lora", None)
     if lora is not None and lora.enabled:  # a VLM's LoRA lives in its foundation's config

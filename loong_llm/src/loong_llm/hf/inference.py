@@ -77,10 +77,10 @@ def load(hf: str | None = None, checkpoint: str | None = None, family: str | Non
     if hf is not None:
         provider.initialize_weights([model])
     else:
-        from megatron.core import dist_checkpointing
+        from loong_core.checkpoint.restricted import mcore_load
 
         provider.attach_adapters([model])  # a LoRA run's checkpoint holds its adapters
-        loaded = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(checkpoint))
+        loaded = mcore_load({"model": model.sharded_state_dict()}, checkpoint)
         model.load_state_dict(loaded["model"], strict=True)
     model.eval()
     return LoadedModel(model, cfg, _tokenizer(files, tokenizer))

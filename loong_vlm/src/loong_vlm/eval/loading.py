@@ -97,8 +97,7 @@ def load_vlm(checkpoint: str | Path) -> LoadedVLM:
         ConfigError: Not a VLM run, or a path problem (the message names the fix).
         CheckpointError: The checkpoint's tensors do not fit the rebuilt model.
     """
-    from megatron.core import dist_checkpointing
-
+    from loong_core.checkpoint.restricted import mcore_load
     from loong_core.config.schema import ParallelConfig
     from loong_core.engines.megatron import parallel
     from loong_core.engines.megatron.checkpointing import check_tensor_shapes
@@ -132,7 +131,7 @@ def load_vlm(checkpoint: str | Path) -> LoadedVLM:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*single process")
         warnings.filterwarnings("ignore", category=FutureWarning)  # torch.distributed.checkpoint's own API notice
-        loaded = dist_checkpointing.load(state, str(ckpt))
+        loaded = mcore_load(state, ckpt)
     model.load_state_dict(loaded["model"], strict=True)
     model.eval()
     logger.info("loaded %s (%s on %s)", ckpt, cfg.model.name, cfg.data.name)

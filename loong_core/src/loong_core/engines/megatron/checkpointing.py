@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from loong_core.engines.megatron import precision_checkpoint
+
 SHARDING_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
 
 
@@ -23,13 +25,13 @@ def check_tensor_shapes(model_state: dict, directory: str) -> None:
     Raises:
         CheckpointError: Names every mismatching tensor with both shapes.
     """
-    from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.dict_utils import nested_values
     from megatron.core.dist_checkpointing.mapping import ShardedTensor
 
+    from loong_core.checkpoint.restricted import mcore_tensors_metadata
     from loong_core.errors import CheckpointError
 
-    saved = dist_checkpointing.load_tensors_metadata(directory)
+    saved = mcore_tensors_metadata(directory)
     wrong = []
     for tensor in nested_values(model_state):
         if isinstance(tensor, ShardedTensor) and tensor.key in saved:
@@ -90,14 +92,18 @@ def _restore_zero_step(state) -> None:
 
 def load(engine, directory: str) -> dict:
     """Collective load; returns the ``common_state`` given to :func:`save`."""
-    from megatron.core import dist_checkpointing
+    from loong_core.checkpoint.restricted import mcore_load, mcore_tensors_metadata
 
     state = _sharded_state(engine, is_loading=True)
     check_tensor_shapes({key: value for key, value in state.items() if key != "optimizer"}, directory)
+    other_precision = precision_checkpoint.adapt_request(engine, state, mcore_tensors_metadata(directory),
+                                                         directory)
     state["scheduler"] = None
     state["loong"] = None
-    loaded = dist_checkpointing.load(state, directory)
+    loaded = mcore_load(state, directory)
     _load_model_state(engine, loaded)
+    if other_precision:
+        loaded["optimizer"] = precision_checkpoint.adapt_loaded(engine, loaded)
     _restore_zero_step(loaded["optimizer"])
     with torch.no_grad():
         engine.optimizer.load_state_dict(loaded["optimizer"])
@@ -107,11 +113,11 @@ def load(engine, directory: str) -> dict:
 
 def load_model_only(engine, directory: str) -> None:
     """Load only the model weights (any parallel layout); optimizer and scheduler stay fresh."""
-    from megatron.core import dist_checkpointing
+    from loong_core.checkpoint.restricted import mcore_load
 
     state = _model_sharded_state(engine)
     check_tensor_shapes(state, directory)
-    loaded = dist_checkpointing.load(state, directory)
+    loaded = mcore_load(state, directory)
     _load_model_state(engine, loaded)
     # The optimizer holds its own fp32 copies when it shards state; refresh them from the model.
     reload = getattr(engine.optimizer, "reload_model_params", None)

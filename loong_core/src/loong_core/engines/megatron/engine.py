@@ -9,6 +9,7 @@ import torch
 
 from loong_core.engines.base import Engine, ParallelLayout, StepResult
 from loong_core.engines.megatron import checkpointing, optim, parallel, precision
+from loong_core.engines.megatron.finite import grads_finite
 from loong_core.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -153,19 +154,22 @@ class MegatronEngine(Engine):
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
         outputs = self._run_schedule(micro_batches, forward_only=False)
-        ok, grad_norm, _ = self.optimizer.step()
+        # A NaN/inf gradient never reaches the weights: no update (the trainer stops or counts the
+        # step). fp16's loss scaler checks by itself and must see the overflow to lower the scale.
+        finite = self.precision.name == "fp16" or grads_finite(self.model)
+        ok, grad_norm, _ = self.optimizer.step() if finite else (False, math.nan, None)
         lr = self.optimizer.param_groups[0]["lr"]
         if ok:  # as Megatron-LM: a step skipped for an fp16 overflow does not advance the schedule
             self.scheduler.step(increment=1)
         loss, tokens, extra = self._reduce_losses(outputs)
         if self.precision.name == "fp16":
             extra["loss_scale"] = float(self.optimizer.get_loss_scale())
-        if not ok:
+        if not ok and finite:
             logger.warning("fp16 overflow in the gradients: step skipped, loss scale now %g",
                            float(self.optimizer.get_loss_scale()))
         return StepResult(loss=loss, tokens=tokens,
                           grad_norm=float(grad_norm) if grad_norm is not None else math.nan,
-                          lr=float(lr), skipped=not ok, extra=extra)
+                          lr=float(lr), skipped=not ok, nonfinite=not finite, extra=extra)
 
     @torch.no_grad()
     def eval_step(self, micro_batches: list[dict]) -> StepResult:

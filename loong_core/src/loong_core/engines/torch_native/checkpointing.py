@@ -37,7 +37,6 @@ def save_common(directory: str, scheduler, common_state: dict) -> None:
 
 def load(engine, directory: str) -> dict:
     """Collective load of what :func:`save` and :func:`save_common` wrote; returns the common state."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         get_state_dict,
@@ -45,15 +44,17 @@ def load(engine, directory: str) -> dict:
         set_optimizer_state_dict,
     )
 
+    from loong_core.checkpoint.restricted import dcp_load, load_torch_file
+
     model_state, optim_state = get_state_dict(engine.model, engine.optimizer)
     _drop_states_not_saved(optim_state, directory)
     state = {"model": model_state, "optimizer": optim_state}
-    dcp.load(state, checkpoint_id=directory)
+    dcp_load(state, directory)
     set_model_state_dict(engine.model, state["model"])
     # Not strict: parameters without a saved state (dropped above) keep a fresh one.
     set_optimizer_state_dict(engine.model, engine.optimizer, state["optimizer"],
                              options=StateDictOptions(strict=False))
-    extra = torch.load(Path(directory) / STATE_FILE, weights_only=False)
+    extra = load_torch_file(Path(directory) / STATE_FILE)
     engine.scheduler.load_state_dict(extra["scheduler"])
     return extra["loong"]
 
@@ -65,9 +66,9 @@ def _drop_states_not_saved(optim_state: dict, directory: str) -> None:
     that never received a gradient before the save has no state in the checkpoint (frozen or
     unused parts of a model); it keeps a fresh state, as it had when the checkpoint was written.
     """
-    import torch.distributed.checkpoint as dcp
+    from loong_core.checkpoint.restricted import read_metadata_file
 
-    saved = dcp.FileSystemReader(directory).read_metadata().state_dict_metadata
+    saved = read_metadata_file(Path(directory) / ".metadata").state_dict_metadata
     per_param = optim_state.get("state", {})
     for name in list(per_param):
         if not any(f"optimizer.state.{name}.{key}" in saved for key in per_param[name]):
@@ -76,11 +77,12 @@ def _drop_states_not_saved(optim_state: dict, directory: str) -> None:
 
 def load_model_only(model, directory: str) -> None:
     """Load only the model weights (any world size or sharding); works on a plain module too."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
+    from loong_core.checkpoint.restricted import dcp_load
+
     state = {"model": get_model_state_dict(model)}
-    dcp.load(state, checkpoint_id=directory)
+    dcp_load(state, directory)
     set_model_state_dict(model, state["model"])
 
 

@@ -123,9 +123,13 @@ class TorchEngine(Engine):
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
         lr = self.optimizer.param_groups[0]["lr"]
-        self.optimizer.step()
-        self.scheduler.step()
-        return StepResult(loss=loss, tokens=count, grad_norm=float(norm), lr=float(lr), extra=extra)
+        # A NaN/inf loss or gradient never reaches the weights (the trainer stops or counts the step).
+        finite = math.isfinite(float(norm)) and math.isfinite(loss)
+        if finite:
+            self.optimizer.step()
+            self.scheduler.step()
+        return StepResult(loss=loss, tokens=count, grad_norm=float(norm), lr=float(lr), extra=extra,
+                          skipped=not finite, nonfinite=not finite)
 
     @torch.no_grad()
     def eval_step(self, micro_batches: list[dict]) -> StepResult:

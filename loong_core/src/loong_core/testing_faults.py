@@ -1,0 +1,146 @@
+"""Testing kit: damage or booby-trap a checkpoint the way an unlucky operator or an attacker would.
+
+Each ``plant_*`` function rewrites one file of a checkpoint so that unpickling it runs a payload
+(it creates ``marker``) and then returns the original object: a loader that unpickles freely
+would go on normally and the run would finish, so only the marker tells that code ran. The
+completion record's checksums are rewritten too (:func:`rerecord_checksums`), as an attacker who
+can edit the directory would, so that only safe loading stands between the payload and the run.
+
+Only for tests: these functions unpickle the files they rewrite.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import operator
+import pickle
+from pathlib import Path
+
+import torch
+
+from loong_core.checkpoint import integrity
+from loong_core.checkpoint.store import COMPLETE_FILE
+
+
+class _Run:
+    """Unpickles as ``exec(code)``."""
+
+    def __init__(self, code: str):
+        self.code = code
+
+    def __reduce__(self):
+        return exec, (self.code,)
+
+
+class _Trojan:
+    """Unpickles as ``(exec(code), original)[1]``: the payload runs, the original comes back."""
+
+    def __init__(self, original, marker: Path):
+        self.original, self.marker = original, Path(marker)
+
+    def __reduce__(self):
+        code = f"open({str(self.marker)!r}, 'w').write('payload ran')"
+        return operator.getitem, ((_Run(code), self.original), 1)
+
+
+def rerecord_checksums(checkpoint: Path) -> None:
+    """Rewrite the record's checksums for the files as they are now."""
+    record_file = Path(checkpoint) / COMPLETE_FILE
+    record = json.loads(record_file.read_text())
+    names = integrity.checkpoint_files(Path(checkpoint), skip=(COMPLETE_FILE,))
+    record["files"] = integrity.checksums(Path(checkpoint), names)
+    record_file.write_text(json.dumps(record, indent=1))
+
+
+def plant_in_torch_file(file: Path, marker: Path) -> None:
+    """Turn a ``torch.save`` file (RNG state, ``common.pt``, ``loong_state.pt``) into a trojan."""
+    file = Path(file)
+    original = torch.load(file, weights_only=False)
+    torch.save(_Trojan(original, marker), file)
+    rerecord_checksums(_checkpoint_of(file))
+
+
+def plant_in_metadata(checkpoint: Path, marker: Path) -> None:
+    """Turn the DCP ``.metadata`` file into a trojan."""
+    path = Path(checkpoint) / ".metadata"
+    original = pickle.loads(path.read_bytes())
+    path.write_bytes(pickle.dumps(_Trojan(original, marker)))
+    rerecord_checksums(checkpoint)
+
+
+def _metadata(checkpoint: Path):
+    return pickle.loads((Path(checkpoint) / ".metadata").read_bytes())
+
+
+def _entries(checkpoint: Path, want_bytes: bool, contains: str):
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    metadata = _metadata(checkpoint)
+    for index, info in metadata.storage_data.items():
+        is_bytes = isinstance(metadata.state_dict_metadata[index.fqn], BytesStorageMetadata)
+        if is_bytes == want_bytes and contains in index.fqn:
+            yield metadata, index, info
+
+
+def plant_in_shard_object(checkpoint: Path, marker: Path, contains: str = "") -> str:
+    """Make one non-tensor entry of a ``.distcp`` shard (``_extra_state``, optimizer settings) a
+    trojan: the new bytes are appended to its shard and ``.metadata`` points at them.
+
+    Returns:
+        The entry's key.
+    """
+    checkpoint = Path(checkpoint)
+    metadata, index, info = next(_entries(checkpoint, True, contains))
+    shard = checkpoint / info.relative_path
+    with open(shard, "rb") as handle:
+        handle.seek(info.offset)
+        original = torch.load(io.BytesIO(handle.read(info.length)), weights_only=False)
+    blob = io.BytesIO()
+    torch.save(_Trojan(original, marker), blob)
+    offset = shard.stat().st_size
+    with open(shard, "ab") as handle:
+        handle.write(blob.getvalue())
+    metadata.storage_data[index] = dataclasses.replace(info, offset=offset, length=len(blob.getvalue()))
+    (checkpoint / ".metadata").write_bytes(pickle.dumps(metadata))
+    rerecord_checksums(checkpoint)
+    return index.fqn
+
+
+def scale_tensor(checkpoint: Path, factor: float, contains: str = "") -> tuple[str, str]:
+    """Multiply one stored tensor by ``factor`` in place (same file size; checksums not updated).
+
+    Returns:
+        ``(shard file name, tensor key)``.
+    """
+    checkpoint = Path(checkpoint)
+    for _, index, info in _entries(checkpoint, False, contains):
+        shard = checkpoint / info.relative_path
+        with open(shard, "r+b") as handle:
+            handle.seek(info.offset)
+            tensor = torch.load(io.BytesIO(handle.read(info.length)), weights_only=True)
+            if not tensor.is_floating_point() or not tensor.abs().sum():
+                continue
+            blob = io.BytesIO()
+            torch.save(tensor * factor, blob)
+            if len(blob.getvalue()) != info.length:
+                continue
+            handle.seek(info.offset)
+            handle.write(blob.getvalue())
+        return info.relative_path, index.fqn
+    raise ValueError(f"no floating-point tensor matching {contains!r} in {checkpoint}")
+
+
+def truncate(file: Path, keep: float = 0.5) -> None:
+    """Cut ``file`` to ``keep`` of its length (an interrupted copy)."""
+    file = Path(file)
+    data = file.read_bytes()
+    file.write_bytes(data[: int(len(data) * keep)])
+
+
+def _checkpoint_of(file: Path) -> Path:
+    for parent in [file.parent, *file.parents]:
+        if (parent / COMPLETE_FILE).is_file():
+            return parent
+    raise ValueError(f"{file} is not inside a checkpoint")
