@@ -98,9 +98,10 @@ def loong_register_datasets(register: Any) -> None:
 def loong_register_devices(register: Any) -> None:
     """Register device backends (kind ``device``), for example ``cpu`` and ``cuda``.
 
-    ``target`` is a :class:`loong_core.devices.base.DeviceBackend` subclass. ``meta['priority']``
-    (int, higher wins) orders backends when the device is chosen automatically; the backend's
-    ``is_available()`` decides whether it can be chosen.
+    ``target`` is a :class:`loong_core.devices.base.DeviceBackend` subclass meeting the device
+    contract of ``docs/devices.md`` (check it with :mod:`loong_core.testing_devices`).
+    ``meta['priority']`` (int, higher wins) orders backends when the device is chosen
+    automatically; the backend's ``is_available()`` decides whether it can be chosen.
 
     Args:
         register: Callable ``register(name, target, **meta)``.
