@@ -117,6 +117,13 @@ def test_more_ranks_than_visible_cards_is_a_clear_error(fake_xpu, monkeypatch):
         fake_xpu.setup()
 
 
+def test_no_visible_card_is_a_clear_error(fake_xpu, monkeypatch):
+    monkeypatch.setenv("FAKE_XPU_COUNT", "0")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(ConfigError, match=r"torch_xmlir is installed but sees no Kunlun card \(CUDA_VISIBLE_DEVICES=,"):
+        fake_xpu.setup()
+
+
 def test_disagreeing_visible_devices_variables_are_an_error(fake_xpu, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     monkeypatch.setenv("XPU_VISIBLE_DEVICES", "2,3")

@@ -75,6 +75,12 @@ class XPUBackend(DeviceBackend):
                 f"about which Kunlun cards this job uses: set only one of them.")
         self.runtime.activate()
         count = self.runtime.api.device_count()
+        if count == 0:
+            raise ConfigError(
+                f"device=xpu: torch_xmlir is installed but sees no Kunlun card ({self.visible_devices_var}="
+                f"{cuda_visible if cuda_visible is not None else '<unset>'}, {XPU_VISIBLE}="
+                f"{xpu_visible if xpu_visible is not None else '<unset>'}); xpu-smi lists the cards and "
+                f"their driver state. Use device=cpu to train without one.")
         if self.local_rank >= count:
             raise ConfigError(
                 f"device=xpu: local rank {self.local_rank} needs card {self.local_rank} but "
