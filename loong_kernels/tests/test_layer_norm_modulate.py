@@ -9,12 +9,12 @@ from loong_core.kernels import reference
 from loong_kernels.testing import check
 from loong_kernels.triton.layer_norm_modulate import layer_norm_modulate
 
-B, S, D = 2, 5, 24  # backward: 2 programs per sample, 3 and 2 rows each
-
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("per_token", [False, True])
-def test_modulation_matches_reference(dtype, per_token):
+@pytest.mark.parametrize("shape", [(2, 5, 24), (2, 300, 16)])  # the second: 3 tiles of 64 rows per backward program
+def test_modulation_matches_reference(dtype, per_token, shape):
+    B, S, D = shape
     mod_shape = (B, S, D) if per_token else (B, 1, D)
     x = torch.randn(B, S, D, dtype=dtype)
     shift, scale = torch.randn(mod_shape, dtype=dtype), 0.5 * torch.randn(mod_shape, dtype=dtype)
@@ -24,8 +24,9 @@ def test_modulation_matches_reference(dtype, per_token):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_modulation_with_affine_norm_odd_width(dtype):
+    """Odd width, and fp32 shift / scale with bf16 activations (DiT conditioning in fp32)."""
     x = torch.randn(3, 7, 37, dtype=dtype)
-    shift, scale = torch.randn(3, 1, 37, dtype=dtype), torch.randn(3, 1, 37, dtype=dtype)
+    shift, scale = torch.randn(3, 1, 37), torch.randn(3, 1, 37)
     w, b = (1 + 0.1 * torch.randn(37)).to(dtype), (0.1 * torch.randn(37)).to(dtype)
     check(lambda *a: layer_norm_modulate(a[0], a[1], a[2], 1e-5, a[3], a[4]),
           lambda *a: reference.layer_norm_modulate(a[0], a[1], a[2], 1e-5, a[3], a[4]), [x, shift, scale, w, b],

@@ -11,7 +11,7 @@ from loong_kernels.triton.swiglu import swiglu
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("shape", [(5, 3, 2 * 44), (9, 2 * 1100)])  # odd rows; F over one 1024 block
+@pytest.mark.parametrize("shape", [(5, 3, 2 * 44), (9, 2 * 300)])  # odd rows; blocks across rows
 def test_swiglu_matches_reference(dtype, shape):
     check(swiglu, reference.swiglu, [torch.randn(shape, dtype=dtype)], dtype, f"swiglu {dtype} {shape}")
 

@@ -15,6 +15,11 @@ def block_for(n: int) -> int:
     return max(16, triton.next_power_of_2(n))
 
 
+def rows_for(block: int, elements: int = 4096) -> int:
+    """Rows per program of a row-wise kernel: a ``[rows, block]`` tile of about ``elements``."""
+    return max(1, min(64, elements // block))
+
+
 def warps_for(block: int) -> int:
     """Warps for a one-row tile of ``block`` elements: more warps for longer rows."""
     return min(16, max(1, block // 512))

@@ -14,47 +14,58 @@ import triton
 import triton.language as tl
 
 from loong_kernels import vocab
-from loong_kernels.triton._launch import as_rows, block_for
+from loong_kernels.triton._launch import as_rows, block_for, rows_for
 
 _BLOCK = 2048
 
 
 @triton.jit
-def _stats(Z, LABELS, STATS, n_cols, stride_z, stride_stats, col_offset, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    target = tl.load(LABELS + row) - col_offset
-    m = tl.load(STATS + row)
-    acc = tl.load(STATS + stride_stats + row)
-    z_target = tl.load(STATS + 2 * stride_stats + row)
-    z_sum = tl.load(STATS + 3 * stride_stats + row)
+def _stats(Z, LABELS, STATS, n_rows, n_cols, stride_z, stride_stats, col_offset, ROWS: tl.constexpr,
+           BLOCK: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    row_mask = rows < n_rows
+    target = (tl.load(LABELS + rows, mask=row_mask, other=0) - col_offset)[:, None]
+    m = tl.load(STATS + rows, mask=row_mask, other=0.0)
+    acc = tl.load(STATS + stride_stats + rows, mask=row_mask, other=0.0)
+    z_target = tl.load(STATS + 2 * stride_stats + rows, mask=row_mask, other=0.0)
+    z_sum = tl.load(STATS + 3 * stride_stats + rows, mask=row_mask, other=0.0)
     for start in range(0, n_cols, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        mask = cols < n_cols
-        z = tl.load(Z + row * stride_z + cols, mask=mask, other=float("-inf")).to(tl.float32)
-        m_new = tl.maximum(m, tl.max(z, axis=0))
-        acc = acc * tl.exp(m - m_new) + tl.sum(tl.exp(z - m_new), axis=0)
+        cols = (start + tl.arange(0, BLOCK))[None, :]
+        mask = row_mask[:, None] & (cols < n_cols)
+        z = tl.load(Z + rows[:, None] * stride_z + cols, mask=mask, other=float("-inf")).to(tl.float32)
+        m_new = tl.maximum(m, tl.max(z, axis=1))
+        # rows past the end stay at -inf: keep their arithmetic finite
+        m_safe = tl.where(row_mask, m_new, 0.0)
+        acc = acc * tl.exp(m - m_safe) + tl.sum(tl.exp(z - m_safe[:, None]), axis=1)
         m = m_new
-        z_sum += tl.sum(tl.where(mask, z, 0.0), axis=0)
-        z_target += tl.sum(tl.where((cols == target) & mask, z, 0.0), axis=0)
-    tl.store(STATS + row, m)
-    tl.store(STATS + stride_stats + row, acc)
-    tl.store(STATS + 2 * stride_stats + row, z_target)
-    tl.store(STATS + 3 * stride_stats + row, z_sum)
+        z_sum += tl.sum(tl.where(mask, z, 0.0), axis=1)
+        z_target += tl.sum(tl.where((cols == target) & mask, z, 0.0), axis=1)
+    tl.store(STATS + rows, m, mask=row_mask)
+    tl.store(STATS + stride_stats + rows, acc, mask=row_mask)
+    tl.store(STATS + 2 * stride_stats + rows, z_target, mask=row_mask)
+    tl.store(STATS + 3 * stride_stats + rows, z_sum, mask=row_mask)
 
 
 @triton.jit
-def _grad(Z, DZ, LABELS, LSE, G, n_cols, stride_z, stride_dz, col_offset, target_weight, uniform,
-          BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    target = tl.load(LABELS + row) - col_offset
-    lse = tl.load(LSE + row)
-    g = tl.load(G + row)
+def _grad(Z, DZ, LABELS, LSE, G, n_rows, n_cols, stride_z, stride_dz, col_offset, target_weight, uniform,
+          ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    row_mask = rows < n_rows
+    target = (tl.load(LABELS + rows, mask=row_mask, other=0) - col_offset)[:, None]
+    lse = tl.load(LSE + rows, mask=row_mask, other=0.0)[:, None]
+    g = tl.load(G + rows, mask=row_mask, other=0.0)[:, None]
     for start in range(0, n_cols, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        mask = cols < n_cols
-        z = tl.load(Z + row * stride_z + cols, mask=mask, other=0.0).to(tl.float32)
+        cols = (start + tl.arange(0, BLOCK))[None, :]
+        mask = row_mask[:, None] & (cols < n_cols)
+        z = tl.load(Z + rows[:, None] * stride_z + cols, mask=mask, other=0.0).to(tl.float32)
         d = tl.exp(z - lse) - uniform - tl.where(cols == target, target_weight, 0.0)
-        tl.store(DZ + row * stride_dz + cols, (d * g).to(DZ.dtype.element_ty), mask=mask)
+        tl.store(DZ + rows[:, None] * stride_dz + cols, (d * g).to(DZ.dtype.element_ty), mask=mask)
+
+
+def _tile(n_cols: int) -> tuple[int, int]:
+    """``(rows, block)`` of a program: up to 2048 columns at a time, rows to fill 4096 elements."""
+    block = min(_BLOCK, block_for(n_cols))
+    return rows_for(block), block
 
 
 def tile_stats(z: torch.Tensor, labels: torch.Tensor, col_offset: int, stats: torch.Tensor) -> None:
@@ -66,8 +77,9 @@ def tile_stats(z: torch.Tensor, labels: torch.Tensor, col_offset: int, stats: to
         col_offset: Shard column of ``z[:, 0]``.
         stats: Running statistics, unit stride along rows; updated in place.
     """
-    _stats[(z.shape[0],)](z, labels, stats, z.shape[1], z.stride(0), stats.stride(0), col_offset,
-                          BLOCK=min(_BLOCK, block_for(z.shape[1])), num_warps=8)
+    rows, block = _tile(z.shape[1])
+    _stats[(triton.cdiv(z.shape[0], rows),)](z, labels, stats, z.shape[0], z.shape[1], z.stride(0), stats.stride(0),
+                                             col_offset, ROWS=rows, BLOCK=block, num_warps=8)
 
 
 def tile_grad(z: torch.Tensor, out: torch.Tensor, labels: torch.Tensor, col_offset: int, lse: torch.Tensor,
@@ -84,8 +96,10 @@ def tile_grad(z: torch.Tensor, out: torch.Tensor, labels: torch.Tensor, col_offs
         target_weight: ``1 - a`` subtracted at the target.
         uniform: ``a / V_local`` subtracted everywhere.
     """
-    _grad[(z.shape[0],)](z, out, labels, lse, grad, z.shape[1], z.stride(0), out.stride(0), col_offset,
-                         target_weight, uniform, BLOCK=min(_BLOCK, block_for(z.shape[1])), num_warps=8)
+    rows, block = _tile(z.shape[1])
+    _grad[(triton.cdiv(z.shape[0], rows),)](z, out, labels, lse, grad, z.shape[0], z.shape[1], z.stride(0),
+                                            out.stride(0), col_offset, target_weight, uniform, ROWS=rows,
+                                            BLOCK=block, num_warps=8)
 
 
 class _CrossEntropy(torch.autograd.Function):

@@ -13,40 +13,39 @@ import torch
 import triton
 import triton.language as tl
 
-from loong_kernels.triton._launch import block_for
+from loong_kernels.triton._launch import block_for, rows_for
 
 
 @triton.jit
-def _rotate(T, F, OUT, n_b, n_h, half, d_pass, stride_ts, stride_tb, stride_th, stride_fs, stride_fb,
-            stride_os, stride_ob, stride_oh, INVERSE: tl.constexpr, BLOCK_H: tl.constexpr,
-            BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr):
-    pid = tl.program_id(0)
-    s = (pid // n_b).to(tl.int64)
-    b = (pid % n_b).to(tl.int64)
-    k = tl.arange(0, BLOCK_HALF)
-    k_mask = k < half
-    f_row = F + s * stride_fs + b * stride_fb
-    f1 = tl.load(f_row + k, mask=k_mask, other=0.0).to(tl.float32)
-    f2 = tl.load(f_row + half + k, mask=k_mask, other=0.0).to(tl.float32)
-    cos1, sin1 = tl.cos(f1)[None, :], tl.sin(f1)[None, :]
-    cos2, sin2 = tl.cos(f2)[None, :], tl.sin(f2)[None, :]
-    heads = tl.arange(0, BLOCK_H)[:, None]
-    mask = (heads < n_h) & k_mask[None, :]
-    t_row = T + s * stride_ts + b * stride_tb + heads * stride_th
-    o_row = OUT + s * stride_os + b * stride_ob + heads * stride_oh
-    x1 = tl.load(t_row + k[None, :], mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(t_row + half + k[None, :], mask=mask, other=0.0).to(tl.float32)
+def _rotate(T, F, OUT, n_rows, n_b, n_h, half, d_pass, stride_ts, stride_tb, stride_th, stride_fs, stride_fb,
+            INVERSE: tl.constexpr, ROWS: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr):
+    # One row is one (position, sample, head); the output is contiguous [s, b, h, d].
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    row_mask = rows < n_rows
+    s = rows // (n_b * n_h)
+    b = (rows // n_h) % n_b
+    h = rows % n_h
+    k = tl.arange(0, BLOCK_HALF)[None, :]
+    mask = row_mask[:, None] & (k < half)
+    f_row = (F + s * stride_fs + b * stride_fb)[:, None]
+    f1 = tl.load(f_row + k, mask=mask, other=0.0).to(tl.float32)
+    f2 = tl.load(f_row + half + k, mask=mask, other=0.0).to(tl.float32)
+    t_row = (T + s * stride_ts + b * stride_tb + h * stride_th)[:, None]
+    o_row = (OUT + rows * (2 * half + d_pass))[:, None]
+    x1 = tl.load(t_row + k, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(t_row + half + k, mask=mask, other=0.0).to(tl.float32)
+    cos1, sin1, cos2, sin2 = tl.cos(f1), tl.sin(f1), tl.cos(f2), tl.sin(f2)
     if INVERSE:  # the transpose of the rotation: the gradient
         y1 = x1 * cos1 + x2 * sin2
         y2 = x2 * cos2 - x1 * sin1
     else:
         y1 = x1 * cos1 - x2 * sin1
         y2 = x2 * cos2 + x1 * sin2
-    tl.store(o_row + k[None, :], y1.to(OUT.dtype.element_ty), mask=mask)
-    tl.store(o_row + half + k[None, :], y2.to(OUT.dtype.element_ty), mask=mask)
+    tl.store(o_row + k, y1.to(OUT.dtype.element_ty), mask=mask)
+    tl.store(o_row + half + k, y2.to(OUT.dtype.element_ty), mask=mask)
     if BLOCK_PASS > 0:
         p = tl.arange(0, BLOCK_PASS)[None, :]
-        p_mask = (heads < n_h) & (p < d_pass)
+        p_mask = row_mask[:, None] & (p < d_pass)
         rest = tl.load(t_row + 2 * half + p, mask=p_mask, other=0.0)
         tl.store(o_row + 2 * half + p, rest, mask=p_mask)
 
@@ -63,12 +62,13 @@ def _apply(t: torch.Tensor, freqs: torch.Tensor, inverse: bool) -> torch.Tensor:
     out = torch.empty(t.shape, device=t.device, dtype=t.dtype)
     half, d_pass = d_rot // 2, d - d_rot
     stride_fb = freqs.stride(1) if freqs.shape[1] > 1 else 0
-    block_h, block_half = triton.next_power_of_2(n_h), block_for(half)
+    block_half = block_for(half)
     block_pass = block_for(d_pass) if d_pass else 0
-    _rotate[(n_s * n_b,)](t, freqs, out, n_b, n_h, half, d_pass, t.stride(0), t.stride(1), t.stride(2),
-                          freqs.stride(0), stride_fb, out.stride(0), out.stride(1), out.stride(2),
-                          INVERSE=inverse, BLOCK_H=block_h, BLOCK_HALF=block_half, BLOCK_PASS=block_pass,
-                          num_warps=4)
+    n_rows = n_s * n_b * n_h
+    per = rows_for(block_half, 2048)
+    _rotate[(triton.cdiv(n_rows, per),)](t, freqs, out, n_rows, n_b, n_h, half, d_pass, t.stride(0), t.stride(1),
+                                         t.stride(2), freqs.stride(0), stride_fb, INVERSE=inverse, ROWS=per,
+                                         BLOCK_HALF=block_half, BLOCK_PASS=block_pass, num_warps=4)
     return out
 
 

@@ -1,6 +1,7 @@
 """SwiGLU in Triton: ``silu(x[..., :F]) * x[..., F:]`` of a fused gate/up projection, forward and backward.
 
-The product is computed in fp32 and rounded once to the input dtype.
+The product is computed in fp32 and rounded once to the input dtype. The kernels are elementwise
+over the ``rows x F`` outputs in flat blocks, so narrow rows still fill a program.
 """
 
 from __future__ import annotations
@@ -11,37 +12,32 @@ import triton.language as tl
 
 from loong_kernels.triton._launch import as_rows
 
-_BLOCK = 1024
+_BLOCK = 2048
 
 
 @triton.jit
-def _forward(X, Y, stride_x, stride_y, n_cols, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < n_cols
-    gate = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-    up = tl.load(X + row * stride_x + n_cols + cols, mask=mask, other=0.0).to(tl.float32)
-    y = gate * tl.sigmoid(gate) * up
-    tl.store(Y + row * stride_y + cols, y.to(Y.dtype.element_ty), mask=mask)
+def _forward(X, Y, stride_x, n_out, n_cols, BLOCK: tl.constexpr):
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = i < n_out
+    row, col = i // n_cols, i % n_cols
+    gate = tl.load(X + row * stride_x + col, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(X + row * stride_x + n_cols + col, mask=mask, other=0.0).to(tl.float32)
+    tl.store(Y + i, (gate * tl.sigmoid(gate) * up).to(Y.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _backward(DY, X, DX, stride_dy, stride_x, stride_dx, n_cols, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < n_cols
-    dy = tl.load(DY + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
-    gate = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-    up = tl.load(X + row * stride_x + n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+def _backward(DY, X, DX, stride_x, n_out, n_cols, BLOCK: tl.constexpr):
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = i < n_out
+    row, col = i // n_cols, i % n_cols
+    dy = tl.load(DY + i, mask=mask, other=0.0).to(tl.float32)
+    gate = tl.load(X + row * stride_x + col, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(X + row * stride_x + n_cols + col, mask=mask, other=0.0).to(tl.float32)
     sig = tl.sigmoid(gate)
-    silu = gate * sig
     dgate = dy * up * sig * (1.0 + gate * (1.0 - sig))
-    tl.store(DX + row * stride_dx + cols, dgate.to(DX.dtype.element_ty), mask=mask)
-    tl.store(DX + row * stride_dx + n_cols + cols, (dy * silu).to(DX.dtype.element_ty), mask=mask)
-
-
-def _grid(rows: int, n_cols: int, block: int) -> tuple[int, int]:
-    return rows, triton.cdiv(n_cols, block)
+    out = DX + row * (2 * n_cols) + col
+    tl.store(out, dgate.to(DX.dtype.element_ty), mask=mask)
+    tl.store(out + n_cols, (dy * gate * sig).to(DX.dtype.element_ty), mask=mask)
 
 
 class _SwiGLU(torch.autograd.Function):
@@ -52,9 +48,8 @@ class _SwiGLU(torch.autograd.Function):
         rows = as_rows(x)
         n_cols = rows.shape[1] // 2
         y = torch.empty(rows.shape[0], n_cols, device=x.device, dtype=x.dtype)
-        block = min(_BLOCK, triton.next_power_of_2(max(n_cols, 16)))
-        _forward[_grid(rows.shape[0], n_cols, block)](rows, y, rows.stride(0), y.stride(0), n_cols, BLOCK=block,
-                                                      num_warps=4)
+        _forward[(triton.cdiv(y.numel(), _BLOCK),)](rows, y, rows.stride(0), y.numel(), n_cols, BLOCK=_BLOCK,
+                                                    num_warps=4)
         ctx.save_for_backward(rows)
         ctx.shape = x.shape
         return y.view(*x.shape[:-1], n_cols)
@@ -62,12 +57,11 @@ class _SwiGLU(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         (rows,) = ctx.saved_tensors
-        dy = as_rows(dy)
+        dy = dy.contiguous()
         n_cols = rows.shape[1] // 2
-        dx = torch.empty_like(rows)
-        block = min(_BLOCK, triton.next_power_of_2(max(n_cols, 16)))
-        _backward[_grid(rows.shape[0], n_cols, block)](dy, rows, dx, dy.stride(0), rows.stride(0), dx.stride(0),
-                                                       n_cols, BLOCK=block, num_warps=4)
+        dx = torch.empty(rows.shape, device=rows.device, dtype=rows.dtype)
+        _backward[(triton.cdiv(dy.numel(), _BLOCK),)](dy, rows, dx, rows.stride(0), dy.numel(), n_cols,
+                                                      BLOCK=_BLOCK, num_warps=4)
         return dx.view(ctx.shape)
 
 
