@@ -77,7 +77,11 @@ def run_hf_to_loong(args, extra) -> int:
     mb = result["bytes"] / 1e6
     print(f"converted {args.src} -> {args.dst}: {mb:.1f} MB in {result['seconds']:.1f}s "
           f"({mb / max(result['seconds'], 1e-9):.1f} MB/s)")
-    print(f"train from it: loong train {' '.join(result['overrides'])} trainer.init_from={args.dst}")
+    from loong_core.plugins import get_plugin_system
+    from loong_llm.hf.next_command import train_command
+
+    config_class = get_plugin_system().registry().get("model", args.family).load_meta("config")
+    print(f"train from it: loong train {' '.join(train_command(args.dst, config_class))}")
     return 0
 
 

@@ -35,18 +35,23 @@ class DecoderProvider(ModelProvider):
             adapter.apply_hf_config(config, config.init_from_hf)
 
     def apply_data_overrides(self, overrides: dict[str, Any]) -> None:
-        """Take the dataset's vocabulary; a model loaded from Hugging Face (``init_from_hf``) keeps
-        its own, which must be at least as large as the tokenizer's."""
+        """Take the dataset's vocabulary when ``model.vocab_size`` is unset; a vocabulary that is
+        set (in the config, or by ``init_from_hf``) is kept, as ``loong config show`` says, and
+        must be at least as large as the tokenizer's."""
         overrides = dict(overrides)
         data_vocab = overrides.pop("vocab_size", None)
         if data_vocab is not None:
-            if self.config.vocab_size is None or not self.config.init_from_hf:
+            if self.config.vocab_size is None:
                 self.config.vocab_size = data_vocab
             elif data_vocab > self.config.vocab_size:
+                source = (f"the model loaded from {self.config.init_from_hf}"
+                          if self.config.init_from_hf else "model.vocab_size")
                 raise ConfigError(
-                    f"the dataset's tokenizer has {data_vocab} tokens but the model loaded from "
-                    f"{self.config.init_from_hf} has vocab_size {self.config.vocab_size}; use the "
-                    f"model's tokenizer for the data.")
+                    f"the dataset's tokenizer has {data_vocab} tokens but {source} has vocab_size "
+                    f"{self.config.vocab_size}: token ids would fall outside the embedding. Use the "
+                    f"model's tokenizer for the data (data.tokenizer_file=...), a data vocabulary "
+                    f"<= {self.config.vocab_size} (data.vocab_size=...), or model.vocab_size=null "
+                    "to take the tokenizer's.")
         super().apply_data_overrides(overrides)
 
     # -- megatron-core ---------------------------------------------------------------------
