@@ -25,14 +25,13 @@ def _common(tiny, run_dir, *extra):
 
 @pytest.fixture(scope="module")
 def runs(tiny, tmp_path_factory):
-    """One initial checkpoint, then 10 steps from it in fp32 and in bf16 (bf16 saves at 5 and 10)."""
+    """One initial checkpoint, then 10 steps from it in fp32 and in bf16 (checkpoints at 5 and 10)."""
     root = tmp_path_factory.mktemp("precision")
     run_train([*tiny, "trainer.train_iters=1", f"trainer.run_dir={root / 'init'}"])
     out = {"root": root, "init": root / "init"}
     for precision in ("fp32", "bf16"):
         out[precision] = root / precision
-        saves = ["trainer.save_interval=5"] if precision == "bf16" else ["trainer.save_at_end=false"]
-        run_train(_common(tiny, out[precision], f"trainer.init_from={out['init']}", *saves,
+        run_train(_common(tiny, out[precision], f"trainer.init_from={out['init']}", "trainer.save_interval=5",
                           f"parallel.mixed_precision={precision}"))
     return out
 
@@ -71,6 +70,20 @@ def test_bf16_resume_reproduces_losses_bit_for_bit(tiny, runs):
     reference, again = losses(runs["bf16"]), losses(resumed)
     assert sorted(again) == list(range(6, STEPS + 1))
     assert [again[s] for s in again] == [reference[s] for s in again]
+
+
+@pytest.mark.parametrize("saved, resumed", [("bf16", "fp32"), ("fp32", "bf16")])
+def test_checkpoint_resumes_at_the_other_precision(tiny, runs, saved, resumed):
+    # bf16 -> fp32 loads the fp32 main weights into the fp32 parameters; fp32 -> bf16 loads the
+    # fp32 weights into the main weights (and their rounding into the bf16 parameters).
+    run_dir = runs["root"] / f"{saved}_to_{resumed}"
+    run_train(_common(tiny, run_dir, f"parallel.mixed_precision={resumed}", "trainer.save_at_end=false",
+                      f"trainer.resume={runs[saved] / 'checkpoints' / 'iter_0000005'}"))
+    again = losses(run_dir)
+    assert sorted(again) == list(range(6, STEPS + 1))
+    _close(losses(runs[saved]), again, again)
+    _close(losses(runs[resumed]), again, again)
+    assert again[6] != losses(runs[saved])[6]  # computed at the new precision
 
 
 @pytest.mark.multirank
