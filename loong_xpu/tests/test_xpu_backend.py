@@ -154,6 +154,8 @@ def test_peak_flops_is_unknown_unless_the_user_gives_it(fake_xpu, monkeypatch):
     assert fake_xpu.peak_flops(torch.float32) is None  # the one number is the 16-bit peak
     configured = select_device("xpu", peak_tflops=300.0)
     assert configured.peak_flops(torch.float16) == 300e12  # device.peak_tflops wins over the env
+    with pytest.raises(ConfigError, match="device.peak_tflops=-1.0 must be a positive number"):
+        select_device("xpu", peak_tflops=-1.0).peak_flops(torch.bfloat16)
     monkeypatch.setenv("LOONG_PEAK_TFLOPS", "fast")
     with pytest.raises(ConfigError, match="LOONG_PEAK_TFLOPS='fast' is not a number"):
         fake_xpu.peak_flops(torch.bfloat16)

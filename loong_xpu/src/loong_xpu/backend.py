@@ -68,6 +68,7 @@ class XPUBackend(DeviceBackend):
 
     def setup(self) -> None:
         super().setup()
+        self._user_peak_tflops()  # a bad peak fails now, before anything is built
         cuda_visible, xpu_visible = os.environ.get(self.visible_devices_var), os.environ.get(XPU_VISIBLE)
         if cuda_visible is not None and xpu_visible is not None and cuda_visible != xpu_visible:
             raise ConfigError(
@@ -127,6 +128,9 @@ class XPUBackend(DeviceBackend):
 
     def _user_peak_tflops(self) -> float | None:
         if self.peak_tflops is not None:
+            if not self.peak_tflops > 0:
+                raise ConfigError(f"device.peak_tflops={self.peak_tflops} must be a positive number of "
+                                  f"TFLOP/s; leave it unset to report no MFU.")
             return float(self.peak_tflops)
         raw = os.environ.get(PEAK_ENV)
         if not raw:
