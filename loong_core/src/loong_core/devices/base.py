@@ -46,9 +46,14 @@ class DeviceBackend:
 
     def __init__(self, local_rank: int = 0, num_threads: int | None = None,
                  peak_tflops: float | None = None):
-        """Args: ``local_rank`` (this process's device), ``num_threads`` (``device.num_threads``),
-        ``peak_tflops`` (``device.peak_tflops``: a peak the user gives, for backends that cannot
-        know their own)."""
+        """One backend for this process (not set up yet).
+
+        Args:
+            local_rank: This process's device among the visible ones.
+            num_threads: ``device.num_threads`` (host threads; the cpu backend uses it).
+            peak_tflops: ``device.peak_tflops``, a peak the user gives, for backends that cannot
+                know their own (``xpu``).
+        """
         self.local_rank = local_rank
         self.num_threads = num_threads
         self.peak_tflops = peak_tflops
