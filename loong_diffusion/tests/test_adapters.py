@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -61,6 +62,25 @@ def test_diffusers_to_loong_to_diffusers_is_bit_exact(reference_dir, tmp_path):
     assert (checkpoint / "loong_complete.json").is_file()
     adapter.loong_to_hf(checkpoint, tmp_path / "back")
     _assert_bit_exact(reference, tmp_path / "back")
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_bf16_diffusers_model_round_trips_in_bf16(family, tmp_path):
+    """A bf16 checkpoint (as published) comes back in bf16, bit-exact: the source dtype is
+    recorded at import and written back unless ``dtype`` says otherwise."""
+    provider_cls, config_cls, adapter_cls, kwargs = FAMILIES[family]
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        provider_cls(config_cls(**kwargs)).build_torch_model().to(torch.bfloat16).save_pretrained(
+            str(tmp_path / "reference"))
+    adapter = adapter_cls()
+    checkpoint = adapter.hf_to_loong(tmp_path / "reference", tmp_path / "loong" / "iter_0000000")
+    adapter.loong_to_hf(checkpoint, tmp_path / "back")
+    _assert_bit_exact(tmp_path / "reference", tmp_path / "back")
+    assert {t.dtype for t in _weights(tmp_path / "back").values()} == {torch.bfloat16}
+    adapter.loong_to_hf(checkpoint, tmp_path / "fp32", dtype="float32")
+    assert {t.dtype for t in _weights(tmp_path / "fp32").values()} == {torch.float32}
 
 
 def test_loaded_model_has_the_reference_names_and_values(reference_dir):

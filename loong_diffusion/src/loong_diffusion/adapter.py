@@ -18,6 +18,27 @@ from loong_core.checkpoint import store
 DIFFUSERS_CONFIG = "diffusers_config.json"
 
 
+def source_dtype(hf_dir: str | Path) -> str | None:
+    """Name of the torch dtype most of the floating-point bytes of a diffusers directory's
+    safetensors use (``bfloat16`` for published checkpoints), or None without safetensors."""
+    from safetensors import safe_open
+
+    names = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64"}
+    sizes = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8}
+    counts: dict[str, int] = {}
+    for path in sorted(Path(hf_dir).rglob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            for key in f.keys():
+                piece = f.get_slice(key)
+                kind = piece.get_dtype()
+                if kind in names:
+                    numel = 1
+                    for dim in piece.get_shape():
+                        numel *= dim
+                    counts[kind] = counts.get(kind, 0) + numel * sizes[kind]
+    return names[max(counts, key=counts.get)] if counts else None
+
+
 def _quiet():
     """DCP warns that it runs in a single process when no process group exists: intended here."""
     warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
@@ -47,18 +68,29 @@ class DiffusersAdapter:
             _quiet()
             save_model_only(model, str(partial))
         (partial / DIFFUSERS_CONFIG).write_text(json.dumps(dict(model.config), indent=1, default=list))
-        (partial / store.COMPLETE_FILE).write_text(json.dumps({"iteration": 0, "converted_from": str(hf_dir)}))
+        record = {"iteration": 0, "converted_from": str(hf_dir), "hf_dtype": source_dtype(hf_dir)}
+        (partial / store.COMPLETE_FILE).write_text(json.dumps(record))
         if final.exists():
             shutil.rmtree(final)
         os.replace(partial, final)
         return final
 
-    def loong_to_hf(self, checkpoint_dir: str | Path, hf_dir: str | Path) -> Path:
-        """Write a loong checkpoint's weights as a diffusers directory (``save_pretrained``)."""
+    def loong_to_hf(self, checkpoint_dir: str | Path, hf_dir: str | Path, dtype: str | None = None) -> Path:
+        """Write a loong checkpoint's weights as a diffusers directory (``save_pretrained``).
+
+        Args:
+            checkpoint_dir: A checkpoint of :meth:`hf_to_loong` or of a training run.
+            hf_dir: Output directory.
+            dtype: Torch dtype name of the written weights; None: the dtype of the diffusers
+                checkpoint it was converted from (recorded at import), else as stored (fp32).
+        """
+        import torch
+
         from loong_core.engines.torch_native.checkpointing import load_model_only
 
         checkpoint_dir = Path(checkpoint_dir)
-        store.read_record(checkpoint_dir)
+        record = store.read_record(checkpoint_dir)
+        dtype = dtype or record.get("hf_dtype")
         converted = checkpoint_dir / DIFFUSERS_CONFIG
         if converted.is_file():
             model = self._cls().from_config(json.loads(converted.read_text()))
@@ -69,5 +101,7 @@ class DiffusersAdapter:
             from loong_diffusion.checkpoint_io import load_trained
 
             _, _, model = load_trained(checkpoint_dir)
+        if dtype:
+            model = model.to(getattr(torch, dtype))
         model.save_pretrained(str(hf_dir))
         return Path(hf_dir)
