@@ -1,0 +1,64 @@
+"""Whole models train the same with the Triton kernels (in Triton's interpreter) as with torch.
+
+llama_debug with every Triton op for 5 steps at TP1 and TP2+SP, and qwen2_5_vl_debug with the
+MRoPE rotary kernel, follow the ``kernels=torch`` loss curve within 1e-5 (fp32).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from loong_core.testing import losses, run_train
+
+pytest.importorskip("loong_kernels")
+pytest.importorskip("triton")
+
+QUIET = ["trainer.log_interval=1", "trainer.eval_interval=0", "trainer.progress_bar=false",
+         "trainer.tensorboard=false", "trainer.save_at_end=false"]
+LLAMA_OPS = ["rms_norm", "swiglu", "rope", "cross_entropy", "linear_cross_entropy"]
+INTERPRET = {"TRITON_INTERPRET": "1"}
+logger = logging.getLogger(__name__)
+
+
+def _kernels(backend: str, ops: list[str]) -> list[str]:
+    return [f"kernels.{op}={backend}" for op in ops]
+
+
+def _curves(root, name: str, overrides: list[str], ops: list[str], nproc: int = 1):
+    """Loss per step with the ops on ``triton`` and on ``torch``."""
+    curves = {}
+    for backend in ("triton", "torch"):
+        run_dir = root / f"{name}_{backend}"
+        result = run_train([*overrides, *_kernels(backend, ops), f"trainer.run_dir={run_dir}"], nproc=nproc,
+                           env=INTERPRET if backend == "triton" else None)
+        assert f"{ops[0]}={backend}" in result.stdout + result.stderr  # the banner's resolved kernels
+        curves[backend] = losses(run_dir)
+    return curves
+
+
+def _assert_same_curve(curves, steps: int, tol: float = 1e-5):
+    got, want = curves["triton"], curves["torch"]
+    assert sorted(got) == sorted(want) == list(range(1, steps + 1))
+    worst = max(abs(got[s] - want[s]) for s in want)
+    logger.info("largest triton - torch loss difference over %d steps: %.3g", steps, worst)
+    assert worst < tol, (worst, got, want)
+    assert abs(want[steps] - want[1]) > 1e-2  # the weights move
+
+
+# llama_debug's model and data; 2 micro-batches per step instead of 4 (the interpreter is slow).
+LLAMA = ["experiment=llama_debug", "trainer.train_iters=5", "trainer.global_batch_size=4", *QUIET]
+
+
+@pytest.mark.parametrize("layout", ["tp1", "tp2_sp"])
+def test_llama_with_every_triton_kernel_follows_torch(tmp_path, layout):
+    parallel = [] if layout == "tp1" else ["parallel=tp2"]  # tp2: TP2 + sequence parallel
+    curves = _curves(tmp_path, "llama", [*LLAMA, *parallel], LLAMA_OPS, nproc=1 if layout == "tp1" else 2)
+    _assert_same_curve(curves, 5)
+
+
+def test_qwen2_5_vl_with_the_mrope_kernel_follows_torch(tmp_path):
+    pytest.importorskip("loong_vlm")
+    overrides = ["experiment=qwen2_5_vl_debug", "trainer.train_iters=3", *QUIET]
+    _assert_same_curve(_curves(tmp_path, "qwen2_5_vl", overrides, ["rope"]), 3)
