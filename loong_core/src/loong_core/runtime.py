@@ -84,6 +84,20 @@ def _start_plan(cfg):
         return exc
 
 
+def copy_inference_files(data_module, run_dir: Path) -> None:
+    """Copy the data module's ``inference_files()`` (its tokenizer...) into ``run_dir/data``."""
+    import shutil
+
+    files = getattr(data_module, "inference_files", None)
+    for name, source in (files() if files else {}).items():
+        target = run_dir / "data" / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if Path(source).is_dir():
+            shutil.copytree(source, target, dirs_exist_ok=True)
+        elif Path(source).is_file():
+            shutil.copyfile(source, target)
+
+
 def _save_config(cfg, run_dir: Path, overrides: list[str]) -> None:
     import dataclasses
 
@@ -150,6 +164,7 @@ def train(overrides: list[str]) -> dict:
     if rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         _save_config(cfg, run_dir, overrides)
+        copy_inference_files(data_module, run_dir)
     torch.distributed.barrier()
 
     t = cfg.trainer

@@ -37,6 +37,11 @@ class DataModule(Protocol):
     def sample_cost(self, sample: dict) -> float:
         """Token count of a sample, used by data balancers (``len(tokens)`` for text)."""
 
+    # Optional: ``inference_files() -> {relative name: path}``: files (or folders) a trained model
+    # needs outside training, such as its tokenizer (``{"tokenizer": Path(...)}``). Rank 0 copies
+    # them into ``RUN_DIR/data/<name>`` at the start, so the run directory alone is enough for
+    # ``loong generate`` / ``eval`` / ``convert`` (see :func:`loong_core.runtime.copy_inference_files`).
+
     # Optional: ``collate(samples) -> batch``. A data module that defines it turns a micro batch
     # of samples into the model's batch itself (for example concatenating variable-size image
     # patches); without it :func:`loong_core.data.loader.collate` stacks every tensor.

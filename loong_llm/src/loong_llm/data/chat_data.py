@@ -192,6 +192,10 @@ class ChatDataModule:
         """Contents of ``meta.json``."""
         return json.loads((self.data_dir / "meta.json").read_text(encoding="utf-8"))
 
+    def inference_files(self) -> dict[str, Path]:
+        """The tokenizer folder (with its chat template), copied into ``RUN/data/tokenizer/``."""
+        return {"tokenizer": self.data_dir / "tokenizer"}
+
     def setup(self) -> None:
         """Load the tokenizer that ``prepare`` saved."""
         from loong_llm.data.hf_tokenizer import load_tokenizer

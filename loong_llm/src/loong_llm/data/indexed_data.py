@@ -68,6 +68,11 @@ class IndexedDataModule:
         self.config = config
         self.tokenizer = None
 
+    def inference_files(self) -> dict[str, Path]:
+        """The tokenizer, copied into ``RUN/data/tokenizer/``."""
+        path = self._tokenizer_path()
+        return {"tokenizer" if path.is_dir() else "tokenizer/tokenizer.json": path}
+
     def _tokenizer_path(self) -> Path:
         if self.config.tokenizer:
             return Path(self.config.tokenizer)

@@ -92,6 +92,10 @@ class TextDataModule:
             self._data_dir = cache_root(cfg.cache_dir) / "text" / f"{cfg.corpus}-v{vocab}-{digest}"
         return self._data_dir
 
+    def inference_files(self) -> dict[str, Path]:
+        """The tokenizer, copied into the run directory (``RUN/data/tokenizer/``)."""
+        return {"tokenizer/tokenizer.json": self.data_dir / "tokenizer.json"}
+
     def is_prepared(self) -> bool:
         """Whether every file ``prepare`` writes is complete."""
         d = self.data_dir

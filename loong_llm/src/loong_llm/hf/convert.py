@@ -290,7 +290,9 @@ def loong_to_hf(src: str, dst: str, dtype: str | None = None) -> dict:
     from loong_llm.hf.export import export_state
 
     started = time.perf_counter()
-    src_path = Path(src)
+    from loong_core.checkpoint import store
+
+    src_path = store.resolve_checkpoint(src)  # a run directory: its newest checkpoint
     model_dict, hf_base, hf_dtype, extra = _model_config_of(src_path)
     entry, adapter = _model_entry(model_dict["name"])
     from loong_core.plugins import get_plugin_system
@@ -315,8 +317,11 @@ def loong_to_hf(src: str, dst: str, dtype: str | None = None) -> dict:
     with torch.no_grad():
         written = export_state(adapter, cfg, model.state_dict(), dst,
                                dtype or hf_dtype or "bfloat16", hf_base)
-    if extra is not None:
-        _copy_extra_files(extra, Path(dst))
+    from loong_llm.hf.export_files import apply_umask, run_tokenizer_dir, write_support_files
+
+    write_support_files(Path(dst), [extra, run_tokenizer_dir(src_path)],
+                        getattr(cfg, "max_position_embeddings", None))
+    apply_umask(Path(dst))
     return {"seconds": time.perf_counter() - started, "bytes": written}
 
 

@@ -41,7 +41,8 @@ def _tokenizer(directory: Path | None, explicit: str | None):
     if path is not None and path.is_dir():
         path = path / "tokenizer.json"
     if path is None or not path.is_file():
-        raise ConfigError(f"no tokenizer.json found ({path}); pass --tokenizer FILE_OR_DIR.")
+        raise ConfigError(f"no tokenizer.json found ({path}): the checkpoint has no HF files and "
+                          "its run no data/tokenizer/ folder; pass --tokenizer FILE_OR_DIR.")
     return Tokenizer.from_file(str(path))
 
 
@@ -63,9 +64,14 @@ def load(hf: str | None = None, checkpoint: str | None = None, family: str | Non
         cfg = entry.load_meta("config")(name=family, init_from_hf=str(hf))
         files = Path(hf)
     else:
+        from loong_core.checkpoint import store
         from loong_core.config.validate import build_dataclass
+        from loong_llm.hf.export_files import run_tokenizer_dir
 
-        model_dict, _, _, files = convert._model_config_of(Path(checkpoint))
+        checkpoint = store.resolve_checkpoint(checkpoint)  # a run directory: its newest one
+        model_dict, _, _, files = convert._model_config_of(checkpoint)
+        if files is None or not (files / "tokenizer.json").is_file():
+            files = run_tokenizer_dir(checkpoint) or files  # the tokenizer the run trained with
         entry, _ = convert._model_entry(model_dict["name"])
         cfg = build_dataclass(entry.load_meta("config"), {**model_dict, "init_from_hf": None}, "model")
     convert._init_single_rank()
