@@ -225,3 +225,46 @@ def test_seam_core_attention_equals_megatron_dot_product_attention(mcore, packed
     grads = torch.autograd.grad(out.sum(), (q, k, v))
     for g, e in zip(grads, torch.autograd.grad(expected.sum(), (q, k, v))):
         torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
+
+
+# -- torch engine ----------------------------------------------------------------------------
+class LlamaStyleRMSNorm(torch.nn.Module):
+    """The transformers layout: ``weight`` and ``variance_epsilon``."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.rand(d))
+        self.variance_epsilon = 1e-6
+
+    def forward(self, x):
+        h = x.float()
+        return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+
+def test_torch_engine_swaps_rms_norms_keeping_parameters_and_outputs():
+    from loong_core.kernels.torch_modules import SeamRMSNorm, swap_modules
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), LlamaStyleRMSNorm(8), torch.nn.RMSNorm(8, eps=1e-5))
+    x = torch.randn(3, 8)
+    expected, keys = model(x), set(model.state_dict())
+    kernels.configure({}, "cpu")
+    assert swap_modules(model) == []  # plain rms_norm: the library's modules stay
+    reg = registry_with(("rms_norm:ref", "loong_core.kernels.reference:rms_norm", {}))
+    kernels.configure({"rms_norm": "ref"}, "cpu", reg)
+    weight = model[1].weight
+    assert swap_modules(model) == ["1", "2"]
+    assert isinstance(model[1], SeamRMSNorm) and model[1].weight is weight
+    assert set(model.state_dict()) == keys
+    torch.testing.assert_close(model(x), expected, rtol=1e-6, atol=1e-6)
+
+
+def test_norm_modulate_is_the_plain_expression_or_the_op():
+    from loong_core.kernels.torch_modules import norm_modulate
+
+    norm = torch.nn.LayerNorm(8, elementwise_affine=False, eps=1e-6)
+    x, shift, scale = torch.randn(2, 5, 8), torch.randn(2, 1, 8), torch.randn(2, 1, 8)
+    kernels.configure({}, "cpu")
+    assert torch.equal(norm_modulate(norm, x, shift, scale), norm(x) * (1 + scale) + shift)
+    reg = registry_with(("layer_norm_modulate:ref", "loong_core.kernels.reference:layer_norm_modulate", {}))
+    kernels.configure({"layer_norm_modulate": "ref"}, "cpu", reg)
+    torch.testing.assert_close(norm_modulate(norm, x, shift, scale), norm(x) * (1 + scale) + shift)

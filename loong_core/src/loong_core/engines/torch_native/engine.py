@@ -52,6 +52,9 @@ class TorchEngine(Engine):
         self.dtype = parallelize.compute_dtype(p, self.device)
         module = self.provider.build_torch_model().to(self.device.torch_device)
         self.provider.initialize_weights([module])
+        from loong_core.kernels.torch_modules import swap_modules
+
+        swap_modules(module)  # transformers / diffusers RMSNorms through kernels.rms_norm
         blocks = list(self.provider.torch_blocks(module))
         self.model = parallelize.wrap(module, blocks, p, self.device, self.layout.world_size, self.dtype,
                                       getattr(self.provider, "torch_unused_parameters", False))

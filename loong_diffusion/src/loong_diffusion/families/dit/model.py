@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from loong_core.kernels.torch_modules import norm_modulate
 from loong_diffusion.families.dit.config import DiTConfig
 from loong_diffusion.provider import DiffusionProvider
 
@@ -20,8 +21,10 @@ def timestep_embedding(t: torch.Tensor, dim: int, max_period: float = 10000.0) -
     return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
 
 
-def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    return x * (1 + scale[:, None]) + shift[:, None]
+def modulate(norm: nn.LayerNorm, x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """adaLN ``norm(x) * (1 + scale) + shift`` for per-sample ``shift`` / ``scale`` ``[B, h]``
+    (fused as ``kernels.layer_norm_modulate`` when that op is not plain)."""
+    return norm_modulate(norm, x, shift[:, None], scale[:, None])
 
 
 class DiTBlock(nn.Module):
@@ -42,10 +45,10 @@ class DiTBlock(nn.Module):
     def forward(self, x: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
         shift1, scale1, gate1, shift2, scale2, gate2 = self.ada(F.silu(cond)).chunk(6, dim=-1)
         b, n, h = x.shape
-        q, k, v = self.qkv(modulate(self.norm1(x), shift1, scale1)).view(b, n, 3, self.heads, -1).unbind(2)
+        q, k, v = self.qkv(modulate(self.norm1, x, shift1, scale1)).view(b, n, 3, self.heads, -1).unbind(2)
         attn = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
         x = x + gate1[:, None] * self.proj(attn.transpose(1, 2).reshape(b, n, h))
-        return x + gate2[:, None] * self.mlp(modulate(self.norm2(x), shift2, scale2))
+        return x + gate2[:, None] * self.mlp(modulate(self.norm2, x, shift2, scale2))
 
 
 class DiT(nn.Module):
@@ -89,7 +92,7 @@ class DiT(nn.Module):
         for block in self.blocks:
             h = block(h, cond)
         shift, scale = self.ada(F.silu(cond)).chunk(2, dim=-1)
-        out = self.out(modulate(self.norm(h), shift, scale))
+        out = self.out(modulate(self.norm, h, shift, scale))
         return out.view(b, g, g, ch, p, p).permute(0, 3, 1, 4, 2, 5).reshape(b, ch, g * p, g * p)
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from loong_core.kernels.torch_modules import norm_modulate
+
 
 class AdaRMSNorm(nn.Module):
     """RMSNorm whose scale and shift come from a condition, plus a gate for the residual branch.
@@ -40,4 +42,4 @@ class AdaLayerNormZero(nn.Module):
     def forward(self, x: torch.Tensor, cond: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(modulated norm of x, gate)`` for ``x`` ``[B, L, W]`` and a condition ``[B, cond_dim]``."""
         shift, scale, gate = self.modulation(cond)[:, None].chunk(3, dim=-1)
-        return self.norm(x) * (1.0 + scale) + shift, gate
+        return norm_modulate(self.norm, x, shift, scale), gate

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from loong_core.kernels.torch_modules import norm_modulate
 from loong_embodied.policies.common.conditioning import AdaLayerNormZero
 
 
@@ -70,4 +71,4 @@ class DiT(nn.Module):
         for block in self.blocks:
             x = block(x, cond, context, context_valid)
         shift, scale = self.out_modulation(cond)[:, None].chunk(2, dim=-1)
-        return self.proj_out(self.out_norm(x) * (1.0 + scale) + shift)
+        return self.proj_out(norm_modulate(self.out_norm, x, shift, scale))
