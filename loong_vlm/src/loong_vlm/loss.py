@@ -34,7 +34,15 @@ def correct_predictions(logits: torch.Tensor, labels: torch.Tensor) -> torch.Ten
 
 
 def token_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Per-token cross entropy ``[...]`` in fp32 (vocabulary-parallel softmax)."""
+    """Per-token cross entropy ``[...]`` in fp32 (vocabulary-parallel softmax), through
+    ``kernels.cross_entropy`` when that op is not plain."""
+    from megatron.core import parallel_state as ps
     from megatron.core import tensor_parallel
 
-    return tensor_parallel.vocab_parallel_cross_entropy(logits.float(), labels)
+    from loong_core import kernels
+
+    if kernels.is_plain("cross_entropy"):
+        return tensor_parallel.vocab_parallel_cross_entropy(logits.float(), labels)
+    tp = ps.get_tensor_model_parallel_world_size() if ps.model_parallel_is_initialized() else 1
+    group = ps.get_tensor_model_parallel_group() if tp > 1 else None
+    return kernels.get("cross_entropy")(logits, labels, group=group)
