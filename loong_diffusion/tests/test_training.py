@@ -64,11 +64,13 @@ def test_digits_debug_trains_and_loong_sample_writes_a_scored_grid(tmp_path, qui
     assert got[10] < got[1]
     out = tmp_path / "grid.png"
     proc = subprocess.run(
-        [sys.executable, "-m", "loong_core.cli.main", "sample", "--checkpoint",
-         str(run_dir / "checkpoints" / "iter_0000010"), "--class", "0,3,7", "--per-class", "4", "--steps", "4",
+        [sys.executable, "-m", "loong_core.cli.main", "sample", "--checkpoint", str(run_dir),  # a run dir
+         "--class", "0,3,7", "--per-class", "4", "--steps", "4", "--num-threads", "1",
          "--out", str(out), "--score"],
         capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "sampling 12 samples with 4 Euler steps on cpu (1 threads)" in proc.stderr
+    assert "sampling: step 4/4" in proc.stderr  # progress while it samples
     result = json.loads(proc.stdout)
     assert result["samples"] == 12 and result["score"]["classifier_accuracy_on_real"] > 0.95
     from PIL import Image

@@ -13,6 +13,7 @@ from loong_core.errors import ConfigError
 from loong_diffusion import images
 from loong_diffusion.checkpoint_io import load_trained
 from loong_diffusion.sampling import euler_sample
+from loong_diffusion.step_progress import StepProgress
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +65,8 @@ def generate(args) -> dict:
         raise ConfigError("--prompt needs the text encoder the training captions were encoded with: "
                           "pass --text-encoder DIR [--tokenizer DIR] (as given to `loong data "
                           "encode-latents`), or cached embeddings with --text-embeds FILE.")
-    cfg, provider, model = load_trained(args.checkpoint, args.device)
+    cfg, provider, model = load_trained(args.checkpoint, args.device,
+                                        getattr(args, "num_threads", None))
     if args.prompt is not None:
         condition, rows = _prompt_condition(args)
     elif args.text_embeds:
@@ -75,9 +77,12 @@ def generate(args) -> dict:
     condition = {k: v.to(args.device) for k, v in condition.items()}
     steps = args.steps or cfg.model.sample_steps
     guidance = cfg.model.guidance_scale if args.guidance is None else args.guidance
+    logger.info("sampling %d %s with %d Euler steps on %s (%d threads)", batch,
+                "sample" if batch == 1 else "samples", steps, args.device, torch.get_num_threads())
     started = time.perf_counter()
-    samples = euler_sample(provider, model, latent_shape(cfg, batch), condition, steps, guidance,
-                           torch.Generator().manual_seed(args.seed), args.device)
+    with StepProgress(steps, "sampling") as progress:
+        samples = euler_sample(provider, model, latent_shape(cfg, batch), condition, steps, guidance,
+                               torch.Generator().manual_seed(args.seed), args.device, progress.update)
     elapsed = time.perf_counter() - started
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

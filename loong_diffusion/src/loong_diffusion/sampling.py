@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from loong_diffusion.objective import shift_sigmas
@@ -16,7 +18,8 @@ def sigma_schedule(config, steps: int, seq_len: int | None = None) -> torch.Tens
 
 @torch.no_grad()
 def euler_sample(provider, model, shape, condition: dict, steps: int, guidance_scale: float = 1.0,
-                 generator: torch.Generator | None = None, device=None) -> torch.Tensor:
+                 generator: torch.Generator | None = None, device=None,
+                 on_step: Callable[[int], None] | None = None) -> torch.Tensor:
     """Integrate ``dx/dsigma = v(x, sigma)`` with ``steps`` Euler steps.
 
     Args:
@@ -28,6 +31,7 @@ def euler_sample(provider, model, shape, condition: dict, steps: int, guidance_s
         guidance_scale: Classifier-free guidance (1: none); ``v_u + g * (v_c - v_u)``.
         generator: RNG of the initial noise.
         device: Where to sample.
+        on_step: Called with the number of finished steps after each one (a progress bar).
 
     Returns:
         The generated clean latents ``[B, C, ...]``.
@@ -43,4 +47,6 @@ def euler_sample(provider, model, shape, condition: dict, steps: int, guidance_s
             v_uncond = provider.denoise(model, x, s, null).float()
             v = v_uncond + guidance_scale * (v - v_uncond)
         x = x + (sigmas[i + 1] - sigmas[i]) * v
+        if on_step is not None:
+            on_step(i + 1)
     return x

@@ -13,7 +13,8 @@ def add_parser(subparsers) -> None:
                     "text-conditioned models take --prompt with --text-encoder DIR, or "
                     "--text-embeds (a tensor file of cached prompt embeddings).",
     )
-    p.add_argument("--checkpoint", required=True, help="runs/<name>/<time>/checkpoints/iter_NNNNNNN")
+    p.add_argument("--checkpoint", required=True,
+                   help="a run directory (its newest checkpoint) or runs/<name>/<time>/checkpoints/iter_N")
     p.add_argument("--class", dest="classes", default="all",
                    help="comma-separated class ids, or 'all' (class-conditional models)")
     p.add_argument("--text-embeds", default=None,
@@ -32,6 +33,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--score", action="store_true",
                    help="digits: label the samples with a classifier trained on real digits")
     p.add_argument("--device", default="cpu", help="torch device to sample on")
+    p.add_argument("--num-threads", type=int, default=None,
+                   help="CPU threads (default: the run's device.num_threads, as in training)")
     p.set_defaults(func=run)
 
 
