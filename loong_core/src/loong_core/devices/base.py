@@ -151,6 +151,12 @@ class DeviceBackend:
         """
         return None
 
+    def peak_flops_note(self, dtype: Any) -> str:
+        """Where :meth:`peak_flops` comes from, for the banner (datasheet, derivation, user)."""
+        if self.peak_flops(dtype):
+            return f"{self.peak_flops(dtype) / 1e12:g} TFLOP/s"
+        return "unknown: mfu n/a"
+
     def megatron_overrides(self) -> dict[str, Any]:
         """megatron-core ``TransformerConfig`` fields this device needs whatever the model asks
         for (for example fusions without a kernel on the device); the megatron engine applies

@@ -2,28 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import platform
-import time
 
 from loong_core.devices.base import DeviceBackend
 
 logger = logging.getLogger(__name__)
-
-
-def _measure_matmul_flops(num_threads: int, size: int = 1024, repeats: int = 5) -> float:
-    import torch
-
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    torch.mm(a, b)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        torch.mm(a, b)
-        best = min(best, time.perf_counter() - start)
-    return 2.0 * size**3 / best
 
 
 class CPUBackend(DeviceBackend):
@@ -76,30 +60,28 @@ class CPUBackend(DeviceBackend):
         stats["mem_total_gib"] = psutil.virtual_memory().total / 2**30
         return stats
 
-    def peak_flops(self, dtype) -> float:
-        """Measured fp32 matmul FLOP/s of this process's threads, cached per CPU and thread count."""
+    def _derived_peak(self, dtype):
         import torch
 
-        from loong_core.config.compose import cache_root
+        from loong_core.devices import cpu_peak
 
-        threads = torch.get_num_threads()
-        key = f"{platform.processor() or platform.machine()}|{os.cpu_count()}|{threads}|{dtype}"
-        path = cache_root() / "cpu_peak_flops.json"
-        cache = {}
-        try:
-            cache = json.loads(path.read_text())
-        except (OSError, ValueError):
-            cache = {}
-        if key not in cache:
-            cache[key] = _measure_matmul_flops(threads)
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_suffix(f".tmp{os.getpid()}")
-                tmp.write_text(json.dumps(cache, indent=1))
-                os.replace(tmp, path)
-            except OSError:
-                logger.debug("could not cache CPU peak FLOP/s at %s", path)
-        return float(cache[key])
+        name = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
+        return cpu_peak.derive(torch.get_num_threads(), name), name
+
+    def peak_flops(self, dtype) -> float | None:
+        """Peak FLOP/s of this process's cores for ``dtype``, derived from the CPU (cores x clock x
+        FLOPs per cycle of its vector units, :mod:`loong_core.devices.cpu_peak`); the user's
+        ``device.peak_tflops`` when given; None where the OS does not tell (MFU n/a)."""
+        if self.peak_tflops:
+            return self.peak_tflops * 1e12
+        peak, _ = self._derived_peak(dtype)
+        return peak.flops if peak else None
+
+    def peak_flops_note(self, dtype) -> str:
+        if self.peak_tflops:
+            return f"{self.peak_tflops:g} TFLOP/s per process (device.peak_tflops)"
+        peak, name = self._derived_peak(dtype)
+        return peak.describe(name) if peak else "unknown (no /proc/cpuinfo): mfu n/a"
 
     def describe(self) -> str:
         import torch

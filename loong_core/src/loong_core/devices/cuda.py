@@ -80,15 +80,34 @@ class CUDABackend(DeviceBackend):
                 "max_mem_gib": torch.cuda.max_memory_allocated() / 2**30,
                 "mem_total_gib": torch.cuda.get_device_properties(self.local_rank).total_memory / 2**30}
 
-    def peak_flops(self, dtype) -> float:
+    def _datasheet(self, dtype):
+        """``(FLOP/s, table entry)`` of this GPU from the datasheet table, or ``(None, None)``."""
         import torch
 
         name = torch.cuda.get_device_name(self.local_rank)
-        for fragment, tflops in _PEAK_BF16_TFLOPS.items():
+        for fragment in sorted(_PEAK_BF16_TFLOPS, key=len, reverse=True):  # GB200 before B200
             if fragment in name:
                 scale = 1.0 if dtype in (torch.bfloat16, torch.float16) else 0.5
-                return tflops * 1e12 * scale
-        return 100e12
+                return _PEAK_BF16_TFLOPS[fragment] * 1e12 * scale, fragment
+        return None, None
+
+    def peak_flops(self, dtype) -> float | None:
+        """Datasheet dense peak of this GPU for ``dtype`` (``device.peak_tflops`` when given);
+        None for a GPU the table does not list (MFU n/a rather than a guess)."""
+        if self.peak_tflops:
+            return self.peak_tflops * 1e12
+        return self._datasheet(dtype)[0]
+
+    def peak_flops_note(self, dtype) -> str:
+        import torch
+
+        if self.peak_tflops:
+            return f"{self.peak_tflops:g} TFLOP/s per GPU (device.peak_tflops)"
+        flops, fragment = self._datasheet(dtype)
+        if flops is None:
+            return (f"{torch.cuda.get_device_name(self.local_rank)} is not in the datasheet table: "
+                    f"mfu n/a (set device.peak_tflops)")
+        return f"{flops / 1e12:g} TFLOP/s per GPU ({fragment} datasheet, dense, {str(dtype).replace('torch.', '')})"
 
     def describe(self) -> str:
         import torch

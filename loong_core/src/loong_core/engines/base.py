@@ -60,6 +60,14 @@ class Engine:
     def __init__(self, config: Any, device: Any, model_provider: Any):
         self.config, self.device, self.provider = config, device, model_provider
 
+    @property
+    def compute_dtype(self) -> Any:
+        """Dtype of the model's matmuls after :meth:`setup` (the device's peak FLOP/s for MFU
+        is taken for it); fp32 unless the engine trains in mixed precision."""
+        import torch
+
+        return torch.float32
+
     def init_parallel(self) -> ParallelLayout:
         """Create the parallel groups; returns this rank's layout."""
         raise NotImplementedError

@@ -25,6 +25,21 @@ def _parallel_line(p, layout) -> str:
             f"activation-checkpointing={getattr(p, 'activation_checkpointing', False)}")
 
 
+def _compute_dtype(cfg, device):
+    if cfg.parallel.engine == "megatron":
+        from loong_core.engines.megatron import precision
+
+        return precision.for_run(cfg, device).params_dtype
+    from loong_core.engines.torch_native.parallelize import compute_dtype
+
+    return compute_dtype(cfg.parallel, device)
+
+
+def _peak_line(cfg, device) -> str:
+    """The peak FLOP/s MFU is measured against, and where it comes from."""
+    return f"mfu peak: {device.peak_flops_note(_compute_dtype(cfg, device))}"
+
+
 def _precision_line(cfg, device) -> str:
     """The dtypes of parameters, gradients and optimizer state (``parallel.mixed_precision``)."""
     if cfg.parallel.engine == "megatron":
@@ -61,6 +76,7 @@ def banner(cfg, device, layout, num_params: int, system, run_dir) -> str:
         _parallel_line(p, layout),
         kernels_line(),
         _precision_line(cfg, device),
+        _peak_line(cfg, device),
         f"batch: global {t.global_batch_size} = micro {t.micro_batch_size} x grad-accum "
         f"{grad_accum} x DP {layout.data_parallel_size} | steps {t.train_iters}",
         f"run dir: {run_dir}",

@@ -52,7 +52,7 @@ class Trainer:
         self.skipped_steps = 0
         self.nonfinite = NonFiniteGuard(self.cfg.exit_on_nan)
         self.last_eval_metrics: dict[str, float] = {}
-        peak = device.peak_flops(device.default_dtype)
+        peak = device.peak_flops(engine.compute_dtype)
         self._peak = peak * run.world_size if peak else None  # None: unknown peak, no MFU
         self.throughput = Throughput(unit, flops_per_token, self._peak)
 

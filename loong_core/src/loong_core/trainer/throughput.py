@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+
+logger = logging.getLogger(__name__)
+
 #: Short names of throughput units for the progress line.
 SHORT_UNITS = {"tokens": "tok/s", "samples": "samples/s", "frames": "frames/s"}
 
@@ -25,6 +29,7 @@ class Throughput:
         self.flops_per_item = flops_per_item or 0.0
         self.peak_flops = peak_flops
         self.items, self.seconds = 0.0, 0.0
+        self._warned = False
 
     @property
     def key(self) -> str:
@@ -46,7 +51,13 @@ class Throughput:
         rate = self.items / self.seconds if self.seconds > 0 else 0.0
         out = {self.key: rate}
         if self.reports_mfu and self.peak_flops:
-            out["mfu"] = rate * self.flops_per_item / self.peak_flops
+            mfu = rate * self.flops_per_item / self.peak_flops
+            if mfu > 1.0 and not self._warned:  # a peak below what ran: say so, never show > 100%
+                logger.warning("measured %.3g FLOP/s exceed the device's peak %.3g FLOP/s; MFU is "
+                               "capped at 100%% (set device.peak_tflops to the real peak)",
+                               rate * self.flops_per_item, self.peak_flops)
+                self._warned = True
+            out["mfu"] = min(mfu, 1.0)
         return out
 
     def reset(self) -> None:

@@ -66,6 +66,10 @@ class TorchEngine(Engine):
                     p.data_parallel_sharding, self.layout.world_size, str(self.dtype).replace("torch.", ""),
                     "on" if p.activation_checkpointing else "off")
 
+    @property
+    def compute_dtype(self):
+        return self.dtype
+
     def num_parameters(self) -> int:
         return int(sum(param.numel() for param in self.model.parameters()))  # DTensor: global size
 
