@@ -36,6 +36,7 @@ def loong_register_cli_commands(register):
     register("train", "loong_core.cli.train_cmd:add_parser", description="train a model")
     register("plugins", "loong_core.cli.plugins_cmd:add_parser", description="list plugins")
     register("config", "loong_core.cli.config_cmd:add_parser", description="show configs")
+    register("plot", "loong_core.cli.plot_cmd:add_parser", description="plot run curves to PNG")
     register("doctor", "loong_core.cli.doctor_cmd:add_parser",
              description="versions, devices and kernel availability")
 
