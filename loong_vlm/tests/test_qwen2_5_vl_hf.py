@@ -73,10 +73,13 @@ def _round_trip(hf_dir: Path, tmp_path: Path, flags: list[str]) -> Path:
     return tmp_path / "out"
 
 
-def test_round_trip_is_bit_exact_and_loads_in_transformers(hf_dir, tmp_path):
+def test_bf16_round_trip_is_bit_exact_and_loads_in_transformers(hf_dir, tmp_path):
+    """A bf16 source (as published) comes back in bf16: the dtype recorded at import."""
     import transformers as tf
 
-    out = _round_trip(hf_dir, tmp_path, [])
+    from loong_llm.hf.testing import bf16_copy
+
+    out = _round_trip(bf16_copy(hf_dir, tmp_path / "bf16_src"), tmp_path, [])
     model = tf.Qwen2_5_VLForConditionalGeneration.from_pretrained(out)
     assert model.config.vision_config.fullatt_block_indexes == [1]
 

@@ -83,8 +83,11 @@ def round_trip(hf_dir, tmp_path, *layout: str) -> None:
     assert json.loads((tmp_path / "back" / "config.json").read_text()) == config
 
 
-def test_hf_to_loong_to_hf_is_bit_exact(hf_dir, tmp_path):
-    round_trip(hf_dir, tmp_path)
+def test_hf_to_loong_to_hf_is_bit_exact_in_bf16(hf_dir, tmp_path):
+    """A bf16 source (as published) comes back in bf16: the dtype recorded at import."""
+    from loong_llm.hf.testing import bf16_copy
+
+    round_trip(bf16_copy(hf_dir, tmp_path / "bf16_src"), tmp_path)
 
 
 @pytest.mark.multirank

@@ -51,6 +51,28 @@ def hf_config(family: str, **overrides):
     return cfg
 
 
+def bf16_copy(hf_dir: Path, directory: Path) -> Path:
+    """Copy an HF directory with its floating-point tensors cast to bf16 (as published
+    checkpoints are) and ``config.json``'s dtype set accordingly."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(hf_dir, directory)
+    for path in sorted(Path(directory).glob("*.safetensors")):
+        tensors = load_file(path)
+        save_file({k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in tensors.items()},
+                  path, metadata={"format": "pt"})
+    config_path = Path(directory) / "config.json"
+    config = json.loads(config_path.read_text())
+    for key in ("torch_dtype", "dtype"):
+        if key in config:
+            config[key] = "bfloat16"
+    config_path.write_text(json.dumps(config, indent=2))
+    return Path(directory)
+
+
 def write_hf_model(family: str, directory: Path, seed: int = 0, dtype=None, **overrides) -> Path:
     """Save a randomly initialised model of ``family`` (std 0.1 so logits are not flat)."""
     import torch
