@@ -1,7 +1,8 @@
 """Whole models train the same with the Triton kernels (in Triton's interpreter) as with torch.
 
 llama_debug with every Triton op for 5 steps at TP1 and TP2+SP, and qwen2_5_vl_debug with the
-MRoPE rotary kernel, follow the ``kernels=torch`` loss curve within 1e-5 (fp32).
+MRoPE rotary kernel, and dit_digits' DiT with the adaLN modulation kernel (torch engine) follow the
+``kernels=torch`` loss curve within 1e-5 (fp32).
 """
 
 from __future__ import annotations
@@ -62,3 +63,11 @@ def test_qwen2_5_vl_with_the_mrope_kernel_follows_torch(tmp_path):
     pytest.importorskip("loong_vlm")
     overrides = ["experiment=qwen2_5_vl_debug", "trainer.train_iters=3", *QUIET]
     _assert_same_curve(_curves(tmp_path, "qwen2_5_vl", overrides, ["rope"]), 3)
+
+
+def test_dit_digits_with_the_modulation_kernel_follows_torch(tmp_path):
+    """dit_digits' DiT (torch engine) with every adaLN LayerNorm + modulation on the Triton kernel."""
+    pytest.importorskip("loong_diffusion")
+    overrides = ["experiment=dit_digits", "trainer.train_iters=3", "trainer.micro_batch_size=8",
+                 "trainer.global_batch_size=8", *QUIET]
+    _assert_same_curve(_curves(tmp_path, "dit", overrides, ["layer_norm_modulate"]), 3)
