@@ -57,7 +57,7 @@ def test_fuzzed_overrides_validate_or_fail_with_one_config_error(pairs):
     _validate_or_config_error(pairs, cases.validate_fast)
 
 
-@settings(max_examples=100, deadline=None, derandomize=True, database=None,
+@settings(max_examples=60, deadline=None, derandomize=True, database=None,
           suppress_health_check=list(HealthCheck))
 @given(override_sets())
 def test_fuzzed_overrides_through_hydra_composition(pairs):
@@ -105,7 +105,7 @@ def _sample(count: int, seed: int = 15) -> tuple[list[list[str]], list[list[str]
     return accepted, rejected
 
 
-ACCEPTED, REJECTED = _sample(6)
+ACCEPTED, REJECTED = _sample(4)
 
 
 @pytest.mark.parametrize("overrides", ACCEPTED + REJECTED, ids=" ".join)
