@@ -37,6 +37,8 @@ def test_two_rank_xpu_run_over_the_fake_runtime_equals_the_cpu_backends_run(tmp_
     xpu_dir, xpu_log = runs["xpu"]
     assert "device: xpu:0 (Kunlun P800 (fake, CPU), cpu runtime of torch_xmlir) x 2 ranks (gloo)" in xpu_log
     assert "kernels: rms_norm=xpu swiglu=xpu rope=xpu" in xpu_log
+    assert ("megatron-core options of device xpu: gradient_accumulation_fusion=False, "
+            "masked_softmax_fusion=False") in xpu_log
     cpu_losses, xpu_losses = losses(runs["cpu"][0]), losses(xpu_dir)
     assert len(cpu_losses) == 3 and xpu_losses == cpu_losses
     assert {r["mem_gib"] for r in read_metrics(xpu_dir)} == {1.5}  # the device runtime's memory

@@ -39,8 +39,12 @@ class MegatronEngine(Engine):
         self.precision = precision.for_run(self.config, self.device)
         self.mcore_config = self.provider.megatron_config(
             {**parallel.transformer_kwargs(p), **self.precision.transformer_kwargs()})
-        for key, value in self.device.megatron_overrides().items():  # what the device needs
+        overrides = self.device.megatron_overrides()  # what the device needs, whatever the model asked
+        for key, value in overrides.items():
             setattr(self.mcore_config, key, value)
+        if overrides:
+            logger.info("megatron-core options of device %s: %s", self.device.name,
+                        ", ".join(f"{key}={value}" for key, value in overrides.items()))
         vpp = p.virtual_pipeline_model_parallel_size
         chunks = []
         for vp_stage in range(vpp or 1):
@@ -81,10 +85,6 @@ class MegatronEngine(Engine):
             self.mcore_config.grad_scale_func = self.optimizer.scale_loss
 
     # -- accounting ------------------------------------------------------------------------
-    @property
-    def compute_dtype(self):
-        return self.precision.params_dtype
-
     def num_parameters(self) -> int:
         from megatron.core import parallel_state as ps
 
