@@ -85,6 +85,10 @@ class MegatronEngine(Engine):
             self.mcore_config.grad_scale_func = self.optimizer.scale_loss
 
     # -- accounting ------------------------------------------------------------------------
+    @property
+    def compute_dtype(self):
+        return self.precision.params_dtype
+
     def num_parameters(self) -> int:
         from megatron.core import parallel_state as ps
 
