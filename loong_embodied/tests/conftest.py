@@ -8,9 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-SHARED = Path(os.environ.get("LOONG_SHARED_DATA", REPO.parent / "shared" / "data"))
-METAWORLD_V3 = SHARED / "lerobot_metaworld_v3"
+#: Test data shipped with the repository (``tests/data/README.md`` says where it came from);
+#: ``$LOONG_SHARED_DATA`` points at another copy of the folder instead.
+TEST_DATA = Path(os.environ.get("LOONG_SHARED_DATA", Path(__file__).resolve().parent / "data"))
+METAWORLD_V3 = TEST_DATA / "lerobot_metaworld_v3"
 
 FEATURES = {
     "observation.image": {"dtype": "image", "shape": [16, 16, 3], "names": ["height", "width", "channel"]},
@@ -22,9 +23,10 @@ EPISODES = [(7, "reach"), (4, "push"), (5, "reach")]
 
 @pytest.fixture(scope="session")
 def lerobot_metaworld() -> Path:
-    """The dataset LeRobot 0.4.4 wrote (12 Meta-World episodes); skipped where shared/ is absent."""
+    """The dataset LeRobot 0.4.4 wrote (12 Meta-World episodes, 4 MB), shipped in tests/data."""
     if not (METAWORLD_V3 / "meta" / "info.json").is_file():
-        pytest.skip(f"{METAWORLD_V3} not found (set LOONG_SHARED_DATA to the shared data folder)")
+        pytest.fail(f"{METAWORLD_V3} is missing: it ships with the repository (tests/data); restore "
+                    "it from git or point LOONG_SHARED_DATA at a folder holding lerobot_metaworld_v3/")
     return METAWORLD_V3
 
 
