@@ -19,6 +19,8 @@ from loong_core.checkpoint import store
 from loong_core.engines.torch_native import checkpointing
 from loong_core.errors import CheckpointError
 
+pytestmark = pytest.mark.crash_safety
+
 
 class _Schedule:
     def __init__(self):

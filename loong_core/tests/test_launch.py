@@ -24,3 +24,59 @@ def test_one_rank_runs_in_process():
     assert LaunchOptions().single_process
     assert not LaunchOptions(nproc_per_node=2).single_process
     assert not LaunchOptions(nnodes="2").single_process
+
+
+def test_max_restarts_across_machines_is_refused_with_the_reason():
+    import pytest
+
+    from loong_core.errors import ConfigError
+    from loong_core.launch import check_restarts
+
+    check_restarts(LaunchOptions(nproc_per_node=2, max_restarts=3))  # one machine: loong restarts
+    with pytest.raises(ConfigError, match="--max-restarts works on one machine only: torch's elastic restart"):
+        check_restarts(LaunchOptions(nnodes="2", rdzv_endpoint="head:29400", max_restarts=1))
+
+
+def test_process_group_rendezvous_times_out_naming_the_address(monkeypatch):
+    import time
+
+    import pytest
+
+    from loong_core.errors import TrainingError
+    from loong_core.runtime import _rendezvous
+    from loong_core.testing import free_port
+
+    port = free_port()
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    monkeypatch.setenv("LOONG_INIT_TIMEOUT", "2")
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+    for rank in (1, 0):  # rank 1: nobody serves the address; rank 0: rank 1 never arrives
+        started = time.monotonic()
+        with pytest.raises(TrainingError, match=rf"rank {rank} of 2: no process group after 2 s at the "
+                                                rf"rendezvous 127.0.0.1:{port}"):
+            _rendezvous(rank, 2)
+        assert time.monotonic() - started < 30
+
+
+def test_unreachable_rendezvous_is_one_error_naming_the_endpoint(monkeypatch):
+    import pytest
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
+
+    from loong_core.errors import TrainingError
+    from loong_core.launch import _run_torchrun
+
+    seen = []
+
+    def refuse(args):
+        seen.extend(args)
+        raise RendezvousConnectionError("The connection to the C10d store has failed.")
+
+    monkeypatch.setattr(torchrun, "main", refuse)
+    monkeypatch.setenv("LOONG_INIT_TIMEOUT", "120")
+    options = LaunchOptions(nnodes="2", node_rank=1, rdzv_endpoint="head:29400")
+    with pytest.raises(TrainingError, match="could not join the rendezvous at head:29400 "
+                                            r"\(RendezvousConnectionError: The connection"):
+        _run_torchrun(options, [])
+    assert "--rdzv-conf=join_timeout=120" in seen

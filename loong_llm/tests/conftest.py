@@ -35,3 +35,14 @@ TINY_OVERRIDES = [
 def tiny():
     """Overrides of a seconds-long Llama run that logs every step."""
     return list(TINY_OVERRIDES)
+
+
+@pytest.fixture(scope="session")
+def reference_run(tiny, tmp_path_factory):
+    """One uninterrupted 8-step tiny run with a checkpoint every 2 steps, shared by the
+    checkpoint-safety and crash-safety tests (copied by each test that damages it)."""
+    from loong_core.testing import run_train
+
+    run_dir = tmp_path_factory.mktemp("reference") / "run"
+    run_train([*tiny, "trainer.train_iters=8", "trainer.save_interval=2", f"trainer.run_dir={run_dir}"])
+    return run_dir

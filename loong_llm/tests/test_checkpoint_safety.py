@@ -16,7 +16,9 @@ import pytest
 from loong_core import testing_faults as faults
 from loong_core.testing import install_plugin, losses, read_metrics, run_train
 
-STEPS = 4
+pytestmark = pytest.mark.crash_safety
+
+STEPS = 8  # as the shared ``reference_run`` (checkpoints after steps 2, 4, 6, 8)
 
 NAN_PLUGIN = '''
 import os
@@ -40,11 +42,8 @@ def loong_on_train_start(run):
 
 
 @pytest.fixture(scope="module")
-def source(tiny, tmp_path_factory):
-    """A 4-step run with checkpoints after steps 2 and 4 (copied by each test that damages one)."""
-    run_dir = tmp_path_factory.mktemp("safety") / "source"
-    run_train([*tiny, f"trainer.train_iters={STEPS}", "trainer.save_interval=2", f"trainer.run_dir={run_dir}"])
-    return run_dir
+def source(reference_run):
+    return reference_run
 
 
 @pytest.fixture(scope="module")
@@ -107,9 +106,9 @@ def test_megatron_common_state_loads_weights_only(source, tmp_path):
 
 
 def test_shard_with_scaled_weights_is_refused_by_name(tiny, source, tmp_path):
-    checkpoint = _copy(source, tmp_path) / "checkpoints" / "iter_0000004"
+    checkpoint = _copy(source, tmp_path) / "checkpoints" / "iter_0000008"
     shard, key = faults.scale_tensor(checkpoint, 1.5, contains="decoder.layers")
-    proc = run_train([*tiny, "trainer.train_iters=5", f"trainer.run_dir={tmp_path / 'new'}",
+    proc = run_train([*tiny, "trainer.train_iters=9", f"trainer.run_dir={tmp_path / 'new'}",
                       f"trainer.resume={checkpoint}"], check=False)
     assert proc.returncode != 0
     assert f"error: {checkpoint / shard} was changed after it was written" in proc.stderr
@@ -117,14 +116,14 @@ def test_shard_with_scaled_weights_is_refused_by_name(tiny, source, tmp_path):
 
 def test_resume_auto_falls_back_past_a_truncated_checkpoint_and_says_so(tiny, source, tmp_path):
     run_dir = _copy(source, tmp_path)
-    newest = run_dir / "checkpoints" / "iter_0000004"
+    newest = run_dir / "checkpoints" / "iter_0000008"
     faults.truncate(newest / "__0_0.distcp")
     proc = run_train([*tiny, f"trainer.train_iters={STEPS}", f"trainer.run_dir={run_dir}", "trainer.resume=auto"])
     output = proc.stdout + proc.stderr
     assert f"{newest}/__0_0.distcp is truncated" in output
-    assert "falling back to" in output and "iter_0000002, the newest intact checkpoint" in output
+    assert "falling back to" in output and "iter_0000006, the newest intact checkpoint" in output
     reference, resumed = losses(source), losses(run_dir)
-    assert [resumed[s] for s in (3, 4)] == [reference[s] for s in (3, 4)]
+    assert [resumed[s] for s in (7, 8)] == [reference[s] for s in (7, 8)]
 
 
 def test_nan_step_is_skipped_and_counted_when_exit_on_nan_is_false(tiny, source, nan_site, tmp_path):
@@ -133,12 +132,12 @@ def test_nan_step_is_skipped_and_counted_when_exit_on_nan_is_false(tiny, source,
                f"trainer.run_dir={run_dir}"], env={"PYTHONPATH": nan_site, "NAN_AT_STEP": "2"})
     records = {r["step"]: r for r in read_metrics(run_dir)}
     reference = {r["step"]: r for r in read_metrics(source)}
-    assert [records[s]["skipped_steps"] for s in range(1, STEPS + 1)] == [0, 1, 1, 1]
+    assert [records[s]["skipped_steps"] for s in range(1, STEPS + 1)] == [0] + [1] * (STEPS - 1)
     assert records[2]["loss"] is None  # non-finite values are written as null
-    assert all(math.isfinite(records[s]["loss"]) for s in (1, 3, 4))
+    assert all(math.isfinite(records[s]["loss"]) for s in range(1, STEPS + 1) if s != 2)
     assert records[1]["loss"] == reference[1]["loss"]
     assert records[3]["lr"] == reference[2]["lr"]  # the skipped step did not advance the schedule
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["iter_0000002", "iter_0000004"]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [f"iter_{s:07d}" for s in (2, 4, 6, 8)]
 
 
 def test_nan_step_stops_the_run_naming_the_step_and_the_last_good_checkpoint(tiny, nan_site, tmp_path):

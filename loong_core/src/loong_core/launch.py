@@ -1,11 +1,24 @@
-"""Start training ranks: in this process for one rank, through torchrun for more."""
+"""Start training ranks: in this process for one rank, through torchrun for more.
+
+``--max-restarts N`` is loong's own loop on one machine: torch's elastic restart does not work
+with gloo (restarted workers connect to the previous attempt's port, or wait in
+``init_process_group`` for its timeout), so each attempt is a fresh torchrun job on a fresh port,
+pinned to the first attempt's run directory and resuming from its newest intact checkpoint.
+With several machines the flag is refused (see :func:`check_restarts`).
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 import socket
 import sys
 from dataclasses import dataclass
+
+from loong_core.errors import ConfigError, TrainingError
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -50,17 +63,95 @@ def torchrun_args(options: LaunchOptions, overrides: list[str]) -> list[str]:
     args = [f"--nproc-per-node={options.nproc_per_node}", f"--nnodes={options.nnodes}",
             f"--max-restarts={options.max_restarts}"]
     if options.rdzv_endpoint:
+        # every node must join within $LOONG_INIT_TIMEOUT seconds (torch's default: 10 minutes)
+        join = int(float(os.environ.get("LOONG_INIT_TIMEOUT", "300")))
         args += [f"--rdzv-backend={options.rdzv_backend}", f"--rdzv-endpoint={options.rdzv_endpoint}",
-                 f"--rdzv-id={options.rdzv_id}", f"--node-rank={options.node_rank}"]
+                 f"--rdzv-id={options.rdzv_id}", f"--node-rank={options.node_rank}",
+                 f"--rdzv-conf=join_timeout={join}"]
     else:
         port = options.master_port or free_port()
         args += ["--master-addr=127.0.0.1", f"--master-port={port}", f"--node-rank={options.node_rank}"]
     return args + ["-m", "loong_core.worker", *overrides]
 
 
-def launch(options: LaunchOptions, overrides: list[str]) -> dict | None:
-    """Train with ``overrides``; returns the metrics when run in-process."""
-    if options.single_process:
+def check_restarts(options: LaunchOptions) -> None:
+    """Refuse ``--max-restarts`` where loong cannot restart correctly (several machines).
+
+    Raises:
+        ConfigError: Naming why and what to do instead.
+    """
+    if options.max_restarts and (options.rdzv_endpoint or options.nnodes not in ("1", "1:1")):
+        raise ConfigError(
+            "--max-restarts works on one machine only: torch's elastic restart cannot re-form the "
+            "process groups on gloo (restarted workers connect to the previous attempt's port or "
+            "wait for the 30-minute timeout), and loong restarts a job by starting it again on a "
+            "fresh port, which all machines would have to agree on. Let the cluster scheduler "
+            "restart the job with trainer.resume=auto (it continues from the newest intact "
+            "checkpoint), or drop --max-restarts.")
+
+
+def _with_override(overrides: list[str], key: str, value: str) -> list[str]:
+    kept = [o for o in overrides if o.lstrip("+").split("=", 1)[0] != key]
+    return [*kept, f"{key}={value}"]
+
+
+def _run_torchrun(options: LaunchOptions, overrides: list[str]) -> None:
+    from torch.distributed import run as torchrun
+
+    try:
+        torchrun.main(torchrun_args(options, overrides))
+    except Exception as exc:
+        from torch.distributed.elastic.rendezvous.api import RendezvousError
+
+        if isinstance(exc, RendezvousError) or type(exc).__name__ in ("DistNetworkError", "DistStoreError"):
+            where = options.rdzv_endpoint or "this machine"
+            raise TrainingError(
+                f"could not join the rendezvous at {where} ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0] if str(exc) else 'no detail'}). Check that node 0 is "
+                "started with the same --rdzv-endpoint and --rdzv-id, that the address is "
+                "reachable from this machine (firewall, port), and that --nnodes matches.") from None
+        raise
+
+
+def _launch_with_restarts(options: LaunchOptions, overrides: list[str], cfg) -> None:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    from loong_core.runtime import pick_run_dir
+
+    run_dir = pick_run_dir(cfg if cfg is not None else _load(overrides))
+    overrides = _with_override(overrides, "trainer.run_dir", str(run_dir))
+    single = dataclasses.replace(options, max_restarts=0)
+    for attempt in range(options.max_restarts + 1):
+        if attempt:
+            single = dataclasses.replace(single, master_port=None)  # a fresh port: no stale peers
+            overrides = _with_override(overrides, "trainer.resume", "auto")
+        try:
+            _run_torchrun(single, overrides)
+            return
+        except ChildFailedError as exc:
+            if attempt == options.max_restarts:
+                raise
+            failed = ", ".join(f"rank {r}" for r in sorted(exc.failures)) or "a rank"
+            logger.warning("%s failed; restart %d of %d from the newest intact checkpoint in %s",
+                           failed, attempt + 1, options.max_restarts, run_dir)
+
+
+def _load(overrides: list[str]):
+    from loong_core.config.compose import load_config
+
+    return load_config(overrides)
+
+
+def launch(options: LaunchOptions, overrides: list[str], cfg=None) -> dict | None:
+    """Train with ``overrides``; returns the metrics when run in-process.
+
+    Args:
+        options: Launcher options.
+        overrides: Hydra overrides.
+        cfg: The composed config when the caller has it (``--max-restarts`` needs it).
+    """
+    check_restarts(options)
+    if options.single_process and not options.max_restarts:
         os.environ.setdefault("RANK", "0")
         os.environ.setdefault("LOCAL_RANK", "0")
         os.environ.setdefault("WORLD_SIZE", "1")
@@ -70,9 +161,10 @@ def launch(options: LaunchOptions, overrides: list[str]) -> dict | None:
         from loong_core.runtime import train_or_explain
 
         return train_or_explain(overrides)
-    from torch.distributed import run as torchrun
-
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     sys.stdout.flush()
-    torchrun.main(torchrun_args(options, overrides))
+    if options.max_restarts:
+        _launch_with_restarts(options, overrides, cfg)
+    else:
+        _run_torchrun(options, overrides)
     return None

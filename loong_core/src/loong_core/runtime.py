@@ -15,6 +15,12 @@ def _env_int(name: str, default: int) -> int:
 
 
 def _init_process_group(backend: str, device) -> None:
+    """Join the process group through the rendezvous in ``MASTER_ADDR:MASTER_PORT``.
+
+    Reaching the rendezvous and meeting every other rank there is bounded by
+    ``$LOONG_INIT_TIMEOUT`` seconds (default 300): a missing rank or an unreachable head node is a
+    :class:`TrainingError` naming the address, not a 30-minute hang (collectives keep 30 minutes).
+    """
     import torch
 
     if torch.distributed.is_initialized():
@@ -22,7 +28,41 @@ def _init_process_group(backend: str, device) -> None:
     kwargs = {}
     if backend == "nccl":
         kwargs["device_id"] = device.torch_device
-    torch.distributed.init_process_group(backend=backend, timeout=datetime.timedelta(minutes=30), **kwargs)
+    rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
+    store = _rendezvous(rank, world)
+    torch.distributed.init_process_group(backend=backend, store=store, rank=rank, world_size=world,
+                                         timeout=datetime.timedelta(minutes=30), **kwargs)
+
+
+def _rendezvous(rank: int, world: int):
+    """The TCP store of ``env://`` (torchrun's agent's when it hosts one), after every rank met."""
+    import time
+
+    import torch
+
+    from loong_core.errors import TrainingError
+
+    host, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), _env_int("MASTER_PORT", 29500)
+    seconds = float(os.environ.get("LOONG_INIT_TIMEOUT", "300"))
+    server = rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+    fix = (f"Check that all {world} ranks were started, that {host}:{port} is the address of node 0 "
+           "and reachable from this node (firewall), and that node 0 is up; LOONG_INIT_TIMEOUT=SECONDS "
+           "changes the wait.")
+    deadline = time.monotonic() + seconds
+    try:
+        store = torch.distributed.TCPStore(host, port, world if server else None, server,
+                                           timeout=datetime.timedelta(seconds=seconds), multi_tenant=True)
+        key = f"loong/joined/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+        store.add(key, 1)
+        while store.add(key, 0) < world:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{store.add(key, 0)} of {world} ranks arrived")
+            time.sleep(0.05)
+    except (RuntimeError, TimeoutError, OSError) as exc:  # torch's DistError is a RuntimeError
+        raise TrainingError(f"rank {rank} of {world}: no process group after {seconds:.0f} s at the "
+                            f"rendezvous {host}:{port} ({type(exc).__name__}: {str(exc).splitlines()[0]}). "
+                            f"{fix}") from None
+    return store
 
 
 def _broadcast_object(value):
@@ -37,10 +77,9 @@ def _runs_root() -> Path:
     return Path(os.environ.get("LOONG_RUNS", "runs"))
 
 
-def choose_run_dir(cfg) -> tuple[Path, Path | None]:
-    """Return ``(run_dir, checkpoint_to_resume)`` on rank 0 (see ``TrainerConfig.resume``)."""
-    from loong_core.checkpoint import store
-
+def pick_run_dir(cfg) -> Path:
+    """The run directory ``cfg`` names (``trainer.run_dir``), or the newest one of the experiment
+    (``trainer.resume=auto``), or a new ``runs/<name>/<time>``."""
     t = cfg.trainer
     experiment_root = _runs_root() / cfg.name
     if t.run_dir:
@@ -57,6 +96,15 @@ def choose_run_dir(cfg) -> tuple[Path, Path | None]:
         while run_dir.exists():
             run_dir = experiment_root / f"{stamp}-{suffix}"
             suffix += 1
+    return run_dir
+
+
+def choose_run_dir(cfg) -> tuple[Path, Path | None]:
+    """Return ``(run_dir, checkpoint_to_resume)`` on rank 0 (see ``TrainerConfig.resume``)."""
+    from loong_core.checkpoint import store
+
+    t = cfg.trainer
+    run_dir = pick_run_dir(cfg)
     resume_from = None
     if t.resume == "auto":
         resume_from = store.find_latest_intact(run_dir / "checkpoints")  # damaged ones passed over
@@ -110,9 +158,19 @@ def _save_config(cfg, run_dir: Path, overrides: list[str]) -> None:
 def train(overrides: list[str]) -> dict:
     """Run training in this process (one rank of a torchrun job, or the only rank).
 
+    A :class:`~loong_core.reaper.Reaper` watches the process meanwhile: if it dies without
+    cleaning up, the helper processes it started die with it.
+
     Returns:
         The final metrics (on every rank).
     """
+    from loong_core.reaper import Reaper
+
+    with Reaper():
+        return _train(overrides)
+
+
+def _train(overrides: list[str]) -> dict:
     import torch
 
     from loong_core.config.compose import load_config

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 
 
@@ -10,7 +11,13 @@ def main() -> int:
     """Train with the overrides on the command line; exit code 2 on a loong error."""
     from loong_core.errors import LoongError
     from loong_core.logs import quiet_third_party
+    from loong_core.reaper import die_with_parent
     from loong_core.runtime import train_or_explain
+
+    die_with_parent()  # torchrun starts workers in sessions of their own: end with the launcher
+    # The launcher forwards SIGINT when it gets one: end at once, even inside a collective, as
+    # on SIGTERM (the reaper then ends this rank's helper processes).
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")

@@ -69,7 +69,7 @@ class DiffusersAdapter:
             save_model_only(model, str(partial))
         (partial / DIFFUSERS_CONFIG).write_text(json.dumps(dict(model.config), indent=1, default=list))
         record = {"iteration": 0, "converted_from": str(hf_dir), "hf_dtype": source_dtype(hf_dir)}
-        (partial / store.COMPLETE_FILE).write_text(json.dumps(record))
+        store.write_record(partial, record)  # with every file's size and checksum
         if final.exists():
             shutil.rmtree(final)
         os.replace(partial, final)
@@ -89,7 +89,7 @@ class DiffusersAdapter:
         from loong_core.engines.torch_native.checkpointing import load_model_only
 
         checkpoint_dir = Path(checkpoint_dir)
-        record = store.read_record(checkpoint_dir)
+        record = store.verify_checkpoint(checkpoint_dir)  # every file's size and checksum
         dtype = dtype or record.get("hf_dtype")
         converted = checkpoint_dir / DIFFUSERS_CONFIG
         if converted.is_file():

@@ -123,6 +123,16 @@ def resolve_checkpoint(path: str | Path) -> Path:
     return path
 
 
+def write_record(directory: Path, record: dict) -> None:
+    """Write the completion record of a checkpoint written in one process, with the size and
+    checksum of every file already in ``directory`` (for writers other than
+    :func:`save_collective`, such as converters)."""
+    names = integrity.checkpoint_files(directory, skip=(COMPLETE_FILE,))
+    tmp = directory / (COMPLETE_FILE + ".tmp")
+    tmp.write_text(json.dumps({**record, "files": integrity.checksums(directory, names)}, indent=1))
+    os.replace(tmp, directory / COMPLETE_FILE)
+
+
 def _barrier() -> None:
     if torch.distributed.is_initialized():
         torch.distributed.barrier()

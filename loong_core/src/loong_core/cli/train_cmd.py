@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 
 
@@ -45,8 +46,16 @@ def run(args, extra) -> int:
         "experiment %s: starting %d rank(s) on this machine (importing torch and the engine, then "
         "data and model)", cfg.name, options.nproc_per_node)
     try:
-        launch(options, overrides)
+        launch(options, overrides, cfg)
     except Exception as exc:  # torchrun reports failed workers with ChildFailedError
+        if type(exc).__name__ == "SignalException":  # the launcher got SIGTERM/SIGINT; ranks are ended
+            sig = int(exc.sigval)
+            if sig == signal.SIGTERM and cfg.trainer.save_on_signal:
+                print("stopped by SIGTERM after a checkpoint (trainer.save_on_signal); continue with "
+                      "trainer.resume=auto", file=sys.stderr)
+                return 0
+            print(f"stopped by signal {signal.Signals(sig).name}; every rank was ended", file=sys.stderr)
+            return 128 + sig
         if type(exc).__name__ != "ChildFailedError":
             raise
         print(f"error: a training rank failed; its log is above.\n{exc}", file=sys.stderr)

@@ -210,7 +210,12 @@ class TrainerConfig:
             the model's). Ignored when resuming.
         progress_bar: Show a progress bar on local rank 0 when stderr is a terminal.
         tensorboard: Write TensorBoard event files.
-        exit_on_nan: Stop with an error when the loss becomes NaN/inf.
+        exit_on_nan: Stop with an error (naming the step and the last good checkpoint) when the
+            training loss, gradient norm or validation loss becomes NaN/inf; false: skip that
+            step's update and count it in ``skipped_steps``. A checkpoint with NaN/inf weights is
+            never written either way.
+        save_on_signal: On SIGTERM (what a scheduler sends before preemption) every rank stops
+            after its current step, a checkpoint is written, and the run exits cleanly (code 0).
     """
 
     train_iters: int = positive(100)
@@ -229,6 +234,7 @@ class TrainerConfig:
     progress_bar: bool = True
     tensorboard: bool = True
     exit_on_nan: bool = True
+    save_on_signal: bool = False
 
 
 @dataclass

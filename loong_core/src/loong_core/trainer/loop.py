@@ -15,6 +15,7 @@ from loong_core.checkpoint import store
 from loong_core.errors import CheckpointError
 from loong_core.trainer.metrics import MetricsWriter
 from loong_core.trainer.nonfinite import NonFiniteGuard
+from loong_core.trainer.preemption import SignalStop
 from loong_core.trainer.progress import Progress
 from loong_core.trainer.throughput import Throughput
 
@@ -163,6 +164,8 @@ class Trainer:
             self.metrics.start(start_iteration)
         self.hooks.loong_on_train_start(run=self.run)
         metrics: dict = {}
+        signals, stopped = SignalStop(cfg.save_on_signal), None
+        signals.install()
         try:
             if self.valid_loader is not None and cfg.eval_at_start and start_iteration == 0:
                 progress.note(f"step 0: validation loss {self.evaluate(0):.4f}{self._extra_note()}")
@@ -202,14 +205,22 @@ class Trainer:
                 if cfg.save_interval and step % cfg.save_interval == 0 and step != cfg.train_iters:
                     path = self.save(step)
                     progress.note(f"saved checkpoint {path}")
-            if self.valid_loader is not None and cfg.eval_interval and "valid_loss" not in metrics:
+                if signals.requested(self.device):  # trainer.save_on_signal: every rank, same step
+                    path = self.save(step) if self._last_saved != step else None
+                    progress.note(f"SIGTERM: stopped after step {step}"
+                                  + (f", saved checkpoint {path}" if path else "")
+                                  + "; continue with trainer.resume=auto")
+                    stopped = step
+                    break
+            if stopped is None and self.valid_loader is not None and cfg.eval_interval and "valid_loss" not in metrics:
                 metrics["valid_loss"] = self.evaluate(cfg.train_iters)
                 progress.note(f"final validation loss {metrics['valid_loss']:.4f}{self._extra_note()}")
-            if cfg.save_at_end or cfg.save_interval:
+            if stopped is None and (cfg.save_at_end or cfg.save_interval):
                 if self._last_saved != cfg.train_iters:
                     path = self.save(cfg.train_iters)
                     progress.note(f"saved checkpoint {path}")
         finally:
+            signals.uninstall()
             progress.close()
             if self.metrics is not None:
                 self.metrics.close()

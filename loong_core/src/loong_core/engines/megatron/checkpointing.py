@@ -66,6 +66,10 @@ def save(engine, directory: str, common_state: dict) -> None:
     """Collective save into an existing empty ``directory``."""
     from megatron.core import dist_checkpointing
 
+    from loong_core.reaper import start_writer_queue
+
+    start_writer_queue()
+
     state = _sharded_state(engine, is_loading=False)
     state["scheduler"] = engine.scheduler.state_dict()
     state["loong"] = common_state

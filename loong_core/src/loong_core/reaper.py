@@ -1,0 +1,154 @@
+"""No process of a run outlives it: workers die with their launcher, helpers with their worker.
+
+- :func:`die_with_parent`: a torchrun worker asks the kernel for SIGKILL when its parent (the
+  ``loong train`` process) dies, so killing the launcher, or its process group, ends the workers
+  even though torchrun starts them in sessions of their own.
+- :class:`Reaper`: a small watcher process (``python -m loong_core.reaper PID``) that remembers
+  the descendants of a training process (megatron-core's checkpoint-writer queue manager, Python's
+  resource tracker, data-loader workers) and kills them when that process dies without cleaning up
+  (SIGKILL, the OOM killer). It exits when the process does, or when :meth:`Reaper.stop` is called.
+- :func:`start_writer_queue`: megatron-core's checkpoint-writer queue manager, started by loong
+  so that it ignores SIGTERM: with ``trainer.save_on_signal`` the ranks still need it to write
+  the checkpoint after torchrun has sent SIGTERM to each worker's process group.
+
+Linux only (``/proc`` and ``prctl``); elsewhere both are no-ops.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import select
+import signal
+import subprocess
+import sys
+
+logger = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+_POLL = 0.25
+
+
+def die_with_parent() -> None:
+    """SIGKILL this process when its parent exits (Linux ``prctl(PR_SET_PDEATHSIG)``)."""
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _process_table() -> dict[int, tuple[int, str]]:
+    """``pid -> (parent pid, start time)`` of every process (from ``/proc/*/stat``)."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        table[int(entry)] = (int(fields[1]), fields[19])  # ppid, starttime
+    return table
+
+
+def descendants(pid: int, table: dict[int, tuple[int, str]] | None = None) -> dict[int, str]:
+    """``pid -> start time`` of every descendant of ``pid`` alive now."""
+    table = _process_table() if table is None else table
+    children: dict[int, list[int]] = {}
+    for child, (parent, _) in table.items():
+        children.setdefault(parent, []).append(child)
+    found, todo = {}, list(children.get(pid, ()))
+    while todo:
+        child = todo.pop()
+        if child not in found:
+            found[child] = table[child][1]
+            todo.extend(children.get(child, ()))
+    return found
+
+
+def watch(pid: int) -> None:
+    """Remember ``pid``'s descendants until it dies, then SIGKILL those still alive (the loop of
+    ``python -m loong_core.reaper PID``, a child of ``pid`` reading a pipe from it on stdin).
+
+    The end of the pipe with ``pid`` still alive means a normal stop: nothing is killed. SIGINT
+    and SIGTERM are ignored, so that a signal to the whole process group cannot stop the watch
+    before the helpers are dealt with.
+    """
+    me, seen = os.getpid(), {}
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    while os.getppid() == pid:
+        seen.update({child: start for child, start in descendants(pid).items() if child != me})
+        if select.select([sys.stdin], [], [], _POLL)[0] and not sys.stdin.buffer.read1(1):
+            if os.getppid() == pid:
+                return  # stopped by Reaper.stop
+            break
+    table = _process_table()
+    for child, start in seen.items():
+        if child in table and table[child][1] == start:  # the same process, not a reused pid
+            try:
+                os.kill(child, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def _ignore_sigterm() -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def start_writer_queue() -> None:
+    """Create megatron-core's checkpoint-writer results queue (once per process) in a manager
+    process that ignores SIGINT/SIGTERM; the :class:`Reaper` still kills it if this process dies,
+    and multiprocessing shuts it down at a normal exit."""
+    from multiprocessing.managers import SyncManager
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if filesystem_async._results_queue is None:
+        import torch.multiprocessing as mp
+
+        manager = SyncManager(ctx=mp.get_context("spawn"))
+        manager.start(initializer=_ignore_sigterm)
+        filesystem_async._results_queue = manager.Queue()  # the proxy keeps the manager alive
+
+
+class Reaper:
+    """The watcher of this process (see the module docstring); a context manager."""
+
+    def __init__(self):
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> Reaper:
+        if sys.platform.startswith("linux") and os.path.isdir("/proc"):
+            self.proc = subprocess.Popen([sys.executable, "-m", "loong_core.reaper", str(os.getpid())],
+                                         stdin=subprocess.PIPE, close_fds=True)
+        return self
+
+    def stop(self) -> None:
+        """End the watcher without killing anything (the run is ending normally)."""
+        if self.proc is not None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.proc = None
+
+    def __enter__(self) -> Reaper:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+if __name__ == "__main__":
+    watch(int(sys.argv[1]))
