@@ -149,8 +149,11 @@ def test_rng_state_round_trips_through_the_runtime(fake_xpu):
 
 def test_peak_flops_is_unknown_unless_the_user_gives_it(fake_xpu, monkeypatch):
     assert fake_xpu.peak_flops(torch.bfloat16) is None
+    assert fake_xpu.peak_flops_note(torch.bfloat16) == (
+        "no public figure for Kunlun cards: mfu n/a (set device.peak_tflops)")
     monkeypatch.setenv("LOONG_PEAK_TFLOPS", "250")
     assert fake_xpu.peak_flops(torch.bfloat16) == 250e12
+    assert fake_xpu.peak_flops_note(torch.bfloat16) == "250 TFLOP/s per card (LOONG_PEAK_TFLOPS)"
     assert fake_xpu.peak_flops(torch.float32) is None  # the one number is the 16-bit peak
     configured = select_device("xpu", peak_tflops=300.0)
     assert configured.peak_flops(torch.float16) == 300e12  # device.peak_tflops wins over the env

@@ -154,6 +154,17 @@ class XPUBackend(DeviceBackend):
             return None
         return tflops * 1e12
 
+    def peak_flops_note(self, dtype) -> str:
+        import torch
+
+        if dtype not in (torch.bfloat16, torch.float16):
+            return f"unknown for {str(dtype).replace('torch.', '')}: mfu n/a"
+        if self.peak_tflops is not None:
+            return f"{self.peak_tflops:g} TFLOP/s per card (device.peak_tflops)"
+        if os.environ.get(PEAK_ENV):
+            return f"{os.environ[PEAK_ENV]} TFLOP/s per card ({PEAK_ENV})"
+        return "no public figure for Kunlun cards: mfu n/a (set device.peak_tflops)"
+
     def megatron_overrides(self) -> dict:
         return dict(_MEGATRON_OVERRIDES)
 

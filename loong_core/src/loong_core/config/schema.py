@@ -246,9 +246,10 @@ class DeviceConfig:
             the best available).
         num_threads: CPU threads per rank for intra-op parallelism (None: torch's default
             divided by local ranks).
-        peak_tflops: Peak dense TFLOP/s of one device for 16-bit matmuls, for MFU, on a device
-            whose backend cannot know it (``xpu``; also ``$LOONG_PEAK_TFLOPS``). None: the
-            backend's own peak, or no MFU (``n/a``) where it has none.
+        peak_tflops: Peak dense TFLOP/s of one device for the run's compute dtype, for MFU; it
+            wins over the backend's own (cpu: derived from the CPU, cuda: datasheet table, xpu:
+            none known, also ``$LOONG_PEAK_TFLOPS``). None: the backend's own peak, or no MFU
+            (``n/a``) where it has none.
     """
 
     name: str = "auto"

@@ -51,8 +51,8 @@ class DeviceBackend:
         Args:
             local_rank: This process's device among the visible ones.
             num_threads: ``device.num_threads`` (host threads; the cpu backend uses it).
-            peak_tflops: ``device.peak_tflops``, a peak the user gives, for backends that cannot
-                know their own (``xpu``).
+            peak_tflops: ``device.peak_tflops``, a peak the user gives; it wins over the
+                backend's own in :meth:`peak_flops`.
         """
         self.local_rank = local_rank
         self.num_threads = num_threads
