@@ -17,24 +17,27 @@ from loong_kernels.triton._launch import block_for, rows_for
 
 
 @triton.jit
-def _rotate(T, F, OUT, n_rows, n_b, n_h, half, d_pass, stride_ts, stride_tb, stride_th, stride_fs, stride_fb,
-            INVERSE: tl.constexpr, ROWS: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr):
-    # One row is one (position, sample, head); the output is contiguous [s, b, h, d].
-    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    row_mask = rows < n_rows
-    s = rows // (n_b * n_h)
-    b = (rows // n_h) % n_b
-    h = rows % n_h
-    k = tl.arange(0, BLOCK_HALF)[None, :]
-    mask = row_mask[:, None] & (k < half)
-    f_row = (F + s * stride_fs + b * stride_fb)[:, None]
-    f1 = tl.load(f_row + k, mask=mask, other=0.0).to(tl.float32)
-    f2 = tl.load(f_row + half + k, mask=mask, other=0.0).to(tl.float32)
-    t_row = (T + s * stride_ts + b * stride_tb + h * stride_th)[:, None]
-    o_row = (OUT + rows * (2 * half + d_pass))[:, None]
+def _rotate(T, F, OUT, n_pos, n_b, n_h, half, d_pass, stride_ts, stride_tb, stride_th, stride_fs, stride_fb,
+            INVERSE: tl.constexpr, POS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
+            BLOCK_PASS: tl.constexpr):
+    # A program takes POS (position, sample) pairs x every head: cos / sin once per pair, reused by
+    # its heads. The output is contiguous [s, b, h, d].
+    pos = (tl.program_id(0) * POS + tl.arange(0, POS)).to(tl.int64)
+    s = (pos // n_b)[:, None, None]
+    b = (pos % n_b)[:, None, None]
+    pos_mask = (pos < n_pos)[:, None, None]
+    h = tl.arange(0, BLOCK_H)[None, :, None]
+    k = tl.arange(0, BLOCK_HALF)[None, None, :]
+    f_mask = pos_mask & (k < half)
+    mask = f_mask & (h < n_h)
+    f_row = F + s * stride_fs + b * stride_fb
+    f1 = tl.load(f_row + k, mask=f_mask, other=0.0).to(tl.float32)
+    f2 = tl.load(f_row + half + k, mask=f_mask, other=0.0).to(tl.float32)
+    cos1, sin1, cos2, sin2 = tl.cos(f1), tl.sin(f1), tl.cos(f2), tl.sin(f2)
+    t_row = T + s * stride_ts + b * stride_tb + h * stride_th
+    o_row = OUT + (pos[:, None, None] * n_h + h) * (2 * half + d_pass)
     x1 = tl.load(t_row + k, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(t_row + half + k, mask=mask, other=0.0).to(tl.float32)
-    cos1, sin1, cos2, sin2 = tl.cos(f1), tl.sin(f1), tl.cos(f2), tl.sin(f2)
     if INVERSE:  # the transpose of the rotation: the gradient
         y1 = x1 * cos1 + x2 * sin2
         y2 = x2 * cos2 - x1 * sin1
@@ -44,8 +47,8 @@ def _rotate(T, F, OUT, n_rows, n_b, n_h, half, d_pass, stride_ts, stride_tb, str
     tl.store(o_row + k, y1.to(OUT.dtype.element_ty), mask=mask)
     tl.store(o_row + half + k, y2.to(OUT.dtype.element_ty), mask=mask)
     if BLOCK_PASS > 0:
-        p = tl.arange(0, BLOCK_PASS)[None, :]
-        p_mask = row_mask[:, None] & (p < d_pass)
+        p = tl.arange(0, BLOCK_PASS)[None, None, :]
+        p_mask = pos_mask & (h < n_h) & (p < d_pass)
         rest = tl.load(t_row + 2 * half + p, mask=p_mask, other=0.0)
         tl.store(o_row + 2 * half + p, rest, mask=p_mask)
 
@@ -62,13 +65,14 @@ def _apply(t: torch.Tensor, freqs: torch.Tensor, inverse: bool) -> torch.Tensor:
     out = torch.empty(t.shape, device=t.device, dtype=t.dtype)
     half, d_pass = d_rot // 2, d - d_rot
     stride_fb = freqs.stride(1) if freqs.shape[1] > 1 else 0
-    block_half = block_for(half)
+    block_h, block_half = triton.next_power_of_2(n_h), block_for(half)
     block_pass = block_for(d_pass) if d_pass else 0
-    n_rows = n_s * n_b * n_h
-    per = rows_for(block_half, 2048)
-    _rotate[(triton.cdiv(n_rows, per),)](t, freqs, out, n_rows, n_b, n_h, half, d_pass, t.stride(0), t.stride(1),
-                                         t.stride(2), freqs.stride(0), stride_fb, INVERSE=inverse, ROWS=per,
-                                         BLOCK_HALF=block_half, BLOCK_PASS=block_pass, num_warps=4)
+    per = rows_for(block_h * block_half, 2048)
+    n_pos = n_s * n_b
+    _rotate[(triton.cdiv(n_pos, per),)](t, freqs, out, n_pos, n_b, n_h, half, d_pass, t.stride(0), t.stride(1),
+                                        t.stride(2), freqs.stride(0), stride_fb, INVERSE=inverse, POS=per,
+                                        BLOCK_H=block_h, BLOCK_HALF=block_half, BLOCK_PASS=block_pass,
+                                        num_warps=4)
     return out
 
 
