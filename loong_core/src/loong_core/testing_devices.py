@@ -205,6 +205,8 @@ def _peak_flops(device) -> str:
         peak = device.peak_flops(dtype)
         assert peak is None or (isinstance(peak, float) and math.isfinite(peak) and peak > 0), (
             f"peak_flops({dtype}) = {peak!r}: a positive float, or None when unknown")
+        note = device.peak_flops_note(dtype)
+        assert isinstance(note, str) and note and "\n" not in note, f"peak_flops_note({dtype}) = {note!r}"
     return "pass"
 
 
