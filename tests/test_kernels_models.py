@@ -52,7 +52,7 @@ def _assert_same_curve(curves, steps: int, tol: float = 1e-5):
 LLAMA = ["experiment=llama_debug", "trainer.train_iters=5", "trainer.global_batch_size=4", *QUIET]
 
 
-@pytest.mark.parametrize("layout", ["tp1", "tp2_sp"])
+@pytest.mark.parametrize("layout", ["tp1", pytest.param("tp2_sp", marks=pytest.mark.multirank)])
 def test_llama_with_every_triton_kernel_follows_torch(tmp_path, layout):
     parallel = [] if layout == "tp1" else ["parallel=tp2"]  # tp2: TP2 + sequence parallel
     curves = _curves(tmp_path, "llama", [*LLAMA, *parallel], LLAMA_OPS, nproc=1 if layout == "tp1" else 2)
