@@ -66,6 +66,10 @@ class XPUBackend(DeviceBackend):
         # hardware queue per device; the vendor's training recipes set the same.
         return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
 
+    def _visibility(self) -> str:
+        names = (self.visible_devices_var, XPU_VISIBLE)
+        return ", ".join(f"{name}={os.environ.get(name, '<unset>')}" for name in names)
+
     def setup(self) -> None:
         super().setup()
         self._user_peak_tflops()  # a bad peak fails now, before anything is built
@@ -78,16 +82,13 @@ class XPUBackend(DeviceBackend):
         count = self.runtime.api.device_count()
         if count == 0:
             raise ConfigError(
-                f"device=xpu: torch_xmlir is installed but sees no Kunlun card ({self.visible_devices_var}="
-                f"{cuda_visible if cuda_visible is not None else '<unset>'}, {XPU_VISIBLE}="
-                f"{xpu_visible if xpu_visible is not None else '<unset>'}); xpu-smi lists the cards and "
-                f"their driver state. Use device=cpu to train without one.")
+                f"device=xpu: torch_xmlir is installed but sees no Kunlun card ({self._visibility()}); "
+                f"xpu-smi lists the cards and their driver state. Use device=cpu to train without one.")
         if self.local_rank >= count:
             raise ConfigError(
-                f"device=xpu: local rank {self.local_rank} needs card {self.local_rank} but "
-                f"{count} Kunlun card(s) are visible ({self.visible_devices_var}="
-                f"{cuda_visible or '<unset>'}, {XPU_VISIBLE}={xpu_visible or '<unset>'}; xpu-smi "
-                f"lists the cards). Use --nproc-per-node {count} or fewer.")
+                f"device=xpu: local rank {self.local_rank} needs card {self.local_rank} but {count} "
+                f"Kunlun card(s) are visible ({self._visibility()}; xpu-smi lists the cards). Use "
+                f"--nproc-per-node {count} or fewer.")
         self.runtime.api.set_device(self.local_rank)
 
     @property
