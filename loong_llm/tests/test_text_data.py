@@ -233,6 +233,23 @@ def test_interrupted_write_is_redone_and_the_rest_kept(cache_copy):
     assert not [p for p in d.iterdir() if ".tmp" in p.name]
 
 
+def test_damaged_cache_is_rebuilt_with_a_warning(cache_copy, caplog):
+    """Token ids above the vocabulary, the file size unchanged (truncated or emptied files: the
+    manifest unit tests of loong_core)."""
+    import logging
+
+    m = TextDataModule(make_config(cache_copy))
+    d = m.data_dir
+    original = (d / "train.bin").read_bytes()
+    (d / "train.bin").write_bytes(b"\xff" * 64 + original[64:])
+    with caplog.at_level(logging.WARNING):
+        m.prepare()
+    assert f"the text data in {d} is damaged" in caplog.text and "rebuilding it" in caplog.text
+    assert (d / "train.bin").read_bytes() == original
+    m.setup()
+    assert m.metadata()["vocab_size"] == VOCAB
+
+
 def test_settings_that_change_the_data_get_their_own_folder(tmp_path):
     base = TextDataModule(make_config(tmp_path)).data_dir
     assert TextDataModule(make_config(tmp_path, seq_length=128)).data_dir == base

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from loong_core.config.compose import cache_root
+from loong_core.data.manifest import check_cache, write_manifest
 from loong_core.errors import ConfigError, LoongError
 from loong_llm.data.config import TextDataConfig
 from loong_llm.data.corpus import CORPORA, split_documents
@@ -111,7 +112,7 @@ class TextDataModule:
         Every file is written under a temporary name and renamed into place, and each step is
         skipped when its output exists, so an interrupted run resumes where it stopped.
         """
-        if self.is_prepared():
+        if self.is_prepared() and check_cache(self.data_dir, "text data"):
             logger.info("Text data already prepared in %s", self.data_dir)
             return
         cfg, d = self.config, self.data_dir
@@ -137,6 +138,8 @@ class TextDataModule:
             **{f"{s}_documents": names[s] for s in SPLITS},
         }
         _write_json_atomic(d / "meta.json", meta)
+        write_manifest(d, ["meta.json", "tokenizer.json",
+                           *(f"{s}{ext}" for s in SPLITS for ext in (".bin", ".idx"))])
         logger.info(
             "Prepared %s in %.1f s: vocab %d, train %d documents / %d tokens, valid %d / %d -> %s",
             cfg.corpus,
