@@ -1,8 +1,14 @@
-"""Class-conditional images of handwritten digits from ``sklearn.datasets.load_digits``."""
+"""Class-conditional images of handwritten digits from ``sklearn.datasets.load_digits``.
+
+``prepare`` keeps a copy in the data cache (``<cache>/digits/digits.npz``, 120 KB), so a machine
+that has the cache but not scikit-learn (a GPU node without internet) trains as well.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -13,8 +19,19 @@ from loong_diffusion.data.config import DigitsDataConfig
 logger = logging.getLogger(__name__)
 
 
-def load_digits_array() -> tuple[np.ndarray, np.ndarray]:
-    """Images ``[N, 8, 8]`` in [-1, 1] (float32) and labels ``[N]`` (int64)."""
+def cache_file(cache_dir: str | None = None) -> Path:
+    """Where :meth:`DigitsDataModule.prepare` keeps the images."""
+    from loong_core.config.compose import cache_root
+
+    return cache_root(cache_dir) / "digits" / "digits.npz"
+
+
+def load_digits_array(cached: Path | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Images ``[N, 8, 8]`` in [-1, 1] (float32) and labels ``[N]`` (int64), from ``cached``
+    when that file exists, else from scikit-learn."""
+    if cached is not None and cached.is_file():
+        with np.load(cached) as data:
+            return data["images"].astype(np.float32) / 8.0 - 1.0, data["labels"].astype(np.int64)
     try:
         from sklearn.datasets import load_digits
     except ImportError:
@@ -54,10 +71,19 @@ class DigitsDataModule:
         self.config = config
 
     def prepare(self) -> None:
-        """Nothing to cache: the images ship with scikit-learn."""
+        """Copy scikit-learn's digits into the data cache (once)."""
+        path = cache_file(self.config.cache_dir)
+        if path.is_file():
+            return
+        images, labels = load_digits_array()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"digits.{os.getpid()}.tmp.npz")
+        # Pixel values are the integers 0..16 of the original images: stored exactly as uint8.
+        np.savez_compressed(tmp, images=np.rint((images + 1.0) * 8.0).astype(np.uint8), labels=labels)
+        os.replace(tmp, path)
 
     def setup(self) -> None:
-        self.images, self.labels = load_digits_array()
+        self.images, self.labels = load_digits_array(cache_file(self.config.cache_dir))
         perm = np.random.default_rng(self.config.split_seed).permutation(len(self.labels))
         n_valid = int(round(len(perm) * self.config.valid_fraction))
         self.valid_ids, self.train_ids = perm[:n_valid], perm[n_valid:]
