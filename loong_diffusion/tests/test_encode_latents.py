@@ -117,3 +117,20 @@ def test_wan_debug_trains_from_the_cache_and_samples_from_a_prompt(cache, encode
         capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert gif.stat().st_size > 0
+
+
+def test_damaged_latent_cache_is_one_error_naming_the_folder(cache, tmp_path):
+    import shutil
+
+    from loong_core.data.manifest import DamagedCacheError
+    from loong_diffusion.data.config import LatentCacheConfig
+    from loong_diffusion.data.latent_cache import LatentCache
+
+    _, out, _ = cache
+    copy = shutil.copytree(out, tmp_path / "cache")
+    LatentCache(LatentCacheConfig(name="latent_cache", path=str(copy))).setup()  # intact: fine
+    latent = next(p for p in (copy / "latents").iterdir() if p.is_file())
+    latent.write_bytes(latent.read_bytes()[:-8])
+    with pytest.raises(DamagedCacheError, match=rf"latent cache in {copy} is damaged: latents/{latent.name} "
+                                                rf".*Delete {copy} and recreate it \(loong data encode-latents"):
+        LatentCache(LatentCacheConfig(name="latent_cache", path=str(copy))).setup()

@@ -75,7 +75,8 @@ def check_cache(folder: str | Path, what: str, rebuild_hint: str | None = None) 
             recreates it, for the error.
 
     Returns:
-        True when intact. False when damaged and ``rebuild_hint`` is None: the folder has been
+        True when intact (or, when it cannot be rebuilt, written before manifests existed: used
+        with a warning). False when damaged and ``rebuild_hint`` is None: the folder has been
         removed (with a warning) and the caller prepares it again.
 
     Raises:
@@ -84,6 +85,10 @@ def check_cache(folder: str | Path, what: str, rebuild_hint: str | None = None) 
     folder = Path(folder)
     problem = damage(folder)
     if problem is None:
+        return True
+    if rebuild_hint is not None and not (folder / MANIFEST).exists():
+        logger.warning("the %s in %s has no %s (written by an older loong): used unchecked; "
+                       "recreate it (%s) to have it checked", what, folder, MANIFEST, rebuild_hint)
         return True
     if rebuild_hint is not None:
         raise DamagedCacheError(

@@ -22,6 +22,7 @@ from typing import Optional
 
 import torch
 
+from loong_core.data.manifest import write_manifest
 from loong_core.errors import ConfigError
 
 IMAGE_EXTS = (".png", ".jpg", ".jpeg")
@@ -230,6 +231,7 @@ def encode_latents(input_dir, out_dir, *, vae: Optional[str] = None, text_encode
             "samples": records,
         }
         (tmp / "index.json").write_text(json.dumps(index, indent=1), encoding="utf-8")
+        write_manifest(tmp)  # sizes and CRC-32 of every file, checked when the cache is used
         if out_dir.exists():
             shutil.rmtree(out_dir)
         os.replace(tmp, out_dir)

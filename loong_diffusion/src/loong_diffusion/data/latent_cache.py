@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from loong_core.data.manifest import check_cache
 from loong_core.errors import ConfigError
 from loong_diffusion.data.config import LatentCacheConfig
 from loong_diffusion.data.digits import sample_seed
@@ -55,6 +56,9 @@ class LatentCache:
         index_file = self.root / "index.json"
         if not index_file.is_file():
             raise ConfigError(f"{index_file} not found; build the cache with 'loong data encode-latents'.")
+        check_cache(self.root, "latent cache",
+                    rebuild_hint=f"loong data encode-latents INPUT_DIR {self.root} with the options "
+                                 "it was encoded with")
         index = json.loads(index_file.read_text(encoding="utf-8"))
         if index.get("format") != FORMAT:
             raise ConfigError(f"{index_file}: format {index.get('format')!r}, expected {FORMAT!r}.")
