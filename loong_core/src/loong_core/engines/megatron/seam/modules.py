@@ -9,8 +9,8 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 
 from loong_core import kernels
+from loong_core.engines.megatron.seam import context_parallel
 from loong_core.errors import ConfigError
-from loong_core.kernels.reference import combined_mask
 
 
 class SeamRMSNorm(torch.nn.Module):
@@ -54,27 +54,44 @@ def mask_to_pattern(attention_mask: torch.Tensor):
     Block-diagonal masks, causal inside each block (packed documents) or not (vision windows and
     frames), become ``segment_ids`` so the varlen paths run and no dense mask is needed; other
     masks are passed on densely. A mask replaces the causal pattern of the mask type, as in
-    megatron-core's ``DotProductAttention``. The result is cached per mask tensor (every layer
-    of a forward gets the same one).
+    megatron-core's ``DotProductAttention``. The check runs over blocks of rows (no second
+    ``[s, s]`` tensor) and its result is cached per mask tensor (every layer of a forward gets
+    the same one).
 
     Returns:
-        ``(causal, segment_ids [b, s] or None, allowed mask or None)``.
+        ``(causal, segment_ids [b, s] or None, allowed mask [b, 1, sq, sk] or None)``.
     """
     cached = _segments_cache.get("last")
     if cached is not None and cached[0]() is attention_mask:
         return cached[1]
-    allowed = ~attention_mask.reshape(attention_mask.shape[0], *attention_mask.shape[-2:])
-    sq, sk = allowed.shape[-2:]
-    result = (False, None, allowed.unsqueeze(1))
+    masked = attention_mask.reshape(attention_mask.shape[0], *attention_mask.shape[-2:])
+    sq, sk = masked.shape[-2:]
+    result = None
     if sq == sk:
-        segment_ids = allowed.to(torch.int8).argmax(dim=-1)  # first key each query may see
+        rows = range(0, sq, _ROWS)
+        # The first key each query may see names its segment.
+        segment_ids = torch.cat([(~masked[:, r:r + _ROWS]).to(torch.int8).argmax(dim=-1) for r in rows], 1)
+        keys = torch.arange(sk, device=masked.device)
         for causal in (True, False):
-            expected = combined_mask(sq, sk, allowed.device, causal, segment_ids, None)
-            if torch.equal(expected.reshape(allowed.shape), allowed):
+            if all(_block_rows_match(masked, segment_ids, keys, r, causal) for r in rows):
                 result = (causal, segment_ids, None)
                 break
+    if result is None:
+        result = (False, None, ~masked.unsqueeze(1))
     _segments_cache["last"] = (weakref.ref(attention_mask), result)
     return result
+
+
+_ROWS = 512
+
+
+def _block_rows_match(masked, segment_ids, keys, r: int, causal: bool) -> bool:
+    """Rows ``r : r + _ROWS`` of ``masked`` are exactly "other segment (or a later key)"."""
+    seg = segment_ids[:, r:r + _ROWS]
+    expected = seg[:, :, None] != segment_ids[:, None, :]
+    if causal:
+        expected = expected | (keys[None, None, :] > keys[r:r + seg.shape[1], None][None])
+    return torch.equal(expected, masked[:, r:r + _ROWS])
 
 
 class SeamCoreAttention(MegatronModule):
@@ -83,7 +100,9 @@ class SeamCoreAttention(MegatronModule):
     A drop-in for megatron-core's local ``DotProductAttention`` (same constructor and forward
     arguments), also for MLA (``k_channels`` / ``v_channels`` differ). Query ``[sq, b, np, hn]``,
     key ``[sk, b, ng, hn]``, value ``[sk, b, ng, hv]`` with ``np`` a multiple of ``ng`` (GQA:
-    K/V are not repeated); returns ``[sq, b, np * hv]``.
+    K/V are not repeated); returns ``[sq, b, np * hv]``. Under context parallelism
+    (``context_parallel_size > 1``) the keys and values of the group are all-gathered
+    (:mod:`.context_parallel`).
     """
 
     def __init__(self, config, layer_number, attn_mask_type, attention_type="self",
@@ -91,7 +110,6 @@ class SeamCoreAttention(MegatronModule):
                  cp_comm_type=None, pg_collection=None, **kwargs):
         super().__init__(config=config)
         unsupported = {
-            "context_parallel_size > 1": config.context_parallel_size > 1,
             "apply_query_key_layer_scaling": config.apply_query_key_layer_scaling,
             "window_size": config.window_size is not None,
             f"softmax_type={config.softmax_type}": config.softmax_type != "vanilla",
@@ -104,6 +122,14 @@ class SeamCoreAttention(MegatronModule):
         head_dim = k_channels or config.kv_channels
         self.softmax_scale = head_dim ** -0.5 if softmax_scale is None else softmax_scale
         self.dropout = config.attention_dropout if attention_dropout is None else attention_dropout
+        self.cp_group = None
+        if config.context_parallel_size > 1:
+            cp = getattr(pg_collection, "cp", None) if pg_collection is not None else None
+            if cp is None:
+                from megatron.core import parallel_state
+
+                cp = parallel_state.get_context_parallel_group()
+            self.cp_group = cp
 
     def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
                 packed_seq_params=None, **kwargs):
@@ -111,6 +137,12 @@ class SeamCoreAttention(MegatronModule):
             raise NotImplementedError("SeamCoreAttention: attention bias / THD packed_seq_params "
                                       "(loong packs with attention masks).")
         mask_type = attn_mask_type if attn_mask_type is not None else self.attn_mask_type
+        if self.cp_group is not None:
+            out = context_parallel.attention(
+                query, key, value, self.cp_group, causal=mask_type == AttnMaskType.causal,
+                attention_mask=attention_mask, scale=self.softmax_scale,
+                dropout_p=self.dropout if self.training else 0.0)
+            return out.reshape(query.shape[0], query.shape[1], -1)
         segment_ids = mask = None
         if attention_mask is None:
             causal = mask_type == AttnMaskType.causal
