@@ -39,8 +39,31 @@ def test_prepare_records_the_demonstrations_into_the_cache_on_first_use(debug_ru
     root, run_dir = debug_run
     datasets = list((root / "cache" / "metaworld").iterdir())
     assert [d.name for d in datasets] == ["reach_push-1ep-seed0-state"]
-    assert (datasets[0] / "meta" / "info.json").is_file()
+    assert (datasets[0] / "meta" / "info.json").is_file() and (datasets[0] / "manifest.json").is_file()
     assert sorted(losses(run_dir)) == [1, 2]
+
+
+def test_a_damaged_recording_is_recorded_again_with_a_warning(debug_run, tmp_path, caplog):
+    import logging
+    import shutil
+
+    from loong_core.data.manifest import damage
+    from loong_embodied.data.config import LeRobotDataConfig
+    from loong_embodied.data.module import LeRobotDataModule
+
+    root, _ = debug_run
+    shutil.copytree(root / "cache", tmp_path / "cache")
+    config = LeRobotDataConfig(name="lerobot", record_metaworld=["reach-v3", "push-v3"],
+                               record_episodes=1, cache_dir=str(tmp_path / "cache"))
+    module = LeRobotDataModule(config)
+    (folder,) = (tmp_path / "cache" / "metaworld").iterdir()
+    frames = next((folder / "data").rglob("*.parquet"))
+    frames.write_bytes(frames.read_bytes()[:100])
+    with caplog.at_level(logging.WARNING):
+        module.prepare()
+    assert f"the Meta-World recording in {folder} is damaged" in caplog.text
+    assert damage(folder) is None
+    module.setup()
 
 
 def test_rollout_prints_a_success_rate_table_and_saves_a_gif(debug_run):

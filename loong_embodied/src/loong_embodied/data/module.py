@@ -68,10 +68,15 @@ class LeRobotDataModule:
                               "data.record_metaworld=[reach-v3] to record it on first use.")
 
     def prepare(self) -> None:
-        """Record the Meta-World demonstrations (``record_metaworld``) if the folder is missing."""
+        """Record the Meta-World demonstrations (``record_metaworld``) if the folder is missing,
+        or again (with a warning) when it does not match its manifest."""
+        from loong_core.data.manifest import check_cache, write_manifest
+
         c = self.config
         path = Path(os.path.expandvars(os.path.expanduser(c.path)))
-        if not c.record_metaworld or (path / "meta" / "info.json").is_file():
+        if not c.record_metaworld:
+            return
+        if (path / "meta" / "info.json").is_file() and check_cache(path, "Meta-World recording"):
             return
         from loong_embodied.sim.record import record_metaworld
 
@@ -82,6 +87,7 @@ class LeRobotDataModule:
             shutil.rmtree(partial)
         summary = record_metaworld(partial, list(c.record_metaworld), c.record_episodes, seed=c.record_seed,
                                    camera="corner" if c.record_images else None)
+        write_manifest(partial)
         path.parent.mkdir(parents=True, exist_ok=True)
         os.replace(partial, path)
         logger.info("recorded %d episodes, %d frames in %.1fs", summary.episodes, summary.frames, summary.seconds)
