@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import nox
 
-nox.options.sessions = ["lint", "tests"]
+nox.options.sessions = ["lint", "tests", "docs"]
 nox.options.default_venv_backend = "venv"
 
 PLUGINS = ["loong_llm", "loong_vlm", "loong_diffusion", "loong_embodied", "loong_kernels", "loong_xpu"]
@@ -19,6 +19,14 @@ def lint(session):
     """ruff over every package."""
     session.install("ruff")
     session.run("ruff", "check", ".")
+
+
+@nox.session
+def docs(session):
+    """The docs site (mkdocs, strict: a broken link or an undocumented hook fails it) into site/."""
+    session.install("mkdocs>=1.6")
+    session.install("-e", "loong_core")
+    session.run("python", "-m", "mkdocs", "build", "--strict", *session.posargs)
 
 
 @nox.session
