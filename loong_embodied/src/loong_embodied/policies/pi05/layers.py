@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from loong_core import kernels
 from loong_embodied.policies.common.conditioning import AdaRMSNorm
 
 
@@ -25,12 +26,10 @@ def rotate(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Te
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-    """Attention of ``q`` ``[B, H, Lq, D]`` over ``k``, ``v`` ``[B, Hkv, Lk, D]`` (grouped heads
-    repeated) where ``allowed`` ``[B, 1, Lq, Lk]`` is True; returns ``[B, Lq, H * D]``."""
-    groups = q.shape[1] // k.shape[1]
-    if groups > 1:
-        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+    """Attention of ``q`` ``[B, H, Lq, D]`` over ``k``, ``v`` ``[B, Hkv, Lk, D]`` (grouped-query:
+    K/V are not repeated) where ``allowed`` ``[B, 1, Lq, Lk]`` is True, through
+    ``kernels.attention``; returns ``[B, Lq, H * D]``."""
+    out = kernels.get("attention")(q, k, v, causal=False, mask=allowed)
     return out.transpose(1, 2).flatten(2)
 
 
