@@ -55,3 +55,14 @@ def test_megatron_names_are_the_parallel_keys():
                           "lr", "min_lr", "lr_warmup_iters", "lr_decay_style", "train_iters",
                           "clip_grad", "weight_decay", "recompute_granularity"):
         assert megatron_name in names
+
+
+@pytest.mark.parametrize("key, purpose", [("trainer.run_dir", "run"), ("data.cache_dir", "data cache")])
+def test_run_and_cache_folders_must_be_writable(toy_site, tmp_path, key, purpose):
+    from loong_core.config.validate import check_writable_paths
+
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    cfg = load_config(["experiment=toy", f"{key}={blocker / 'sub'}"])  # reading a run: fine
+    with pytest.raises(ConfigError, match=rf"'{key}' = .*a_file is a file, so the {purpose} folder cannot be created"):
+        check_writable_paths(cfg)

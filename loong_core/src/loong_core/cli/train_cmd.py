@@ -29,6 +29,7 @@ def add_parser(subparsers) -> None:
 def run(args, extra) -> int:
     """Validate the config, then launch."""
     from loong_core.config.compose import load_config
+    from loong_core.config.validate import check_writable_paths
     from loong_core.devices.select import resolve_device_name
     from loong_core.launch import LaunchOptions, launch
     from loong_core.runtime import check_layout
@@ -39,6 +40,7 @@ def run(args, extra) -> int:
                             rdzv_id=args.rdzv_id, max_restarts=args.max_restarts,
                             master_port=args.master_port)
     cfg = load_config(overrides)  # fail before spawning anything
+    check_writable_paths(cfg)
     resolve_device_name(cfg.device.name)  # a named device that is missing: one error, here
     if options.nnodes in ("1", "1:1"):
         check_layout(cfg, options.nproc_per_node)

@@ -203,6 +203,17 @@ def _check_consistency(cfg: LoongConfig, registry: Registry) -> None:
     from loong_core.kernels.resolve import check_names
 
     check_names(dataclasses.asdict(cfg.kernels), registry)
+    cfg.model.check(cfg, "model")
+
+
+def check_writable_paths(cfg: LoongConfig) -> None:
+    """The run directory and the data cache can be written (checked by ``loong train`` before
+    anything starts; not by commands that only read a run, which may sit on a read-only disk).
+
+    Raises:
+        ConfigError: naming the key, the folder and why it cannot be written.
+    """
+    t = cfg.trainer
     if t.run_dir:
         check_writable_dir(t.run_dir, "trainer.run_dir", "run")
     else:
@@ -210,4 +221,3 @@ def _check_consistency(cfg: LoongConfig, registry: Registry) -> None:
                            "$LOONG_RUNS (or ./runs) / name", "run")
     cache = cfg.data.cache_dir or os.environ.get("LOONG_CACHE") or Path.home() / ".cache" / "loong"
     check_writable_dir(cache, "data.cache_dir" if cfg.data.cache_dir else "$LOONG_CACHE", "data cache")
-    cfg.model.check(cfg, "model")
