@@ -136,7 +136,8 @@ def build_dataclass(cls: type, data: Any, path: str, registry: Registry | None =
         if bounds is not None and isinstance(value, (int, float)) and not isinstance(value, bool):
             bounds.check(value, key_path)
         kind = f.metadata.get("registry")
-        if registry is not None and kind and value:
+        # An empty name is refused too where the field has a real default (engine, balancer).
+        if registry is not None and kind and (value or f.default not in ("", None)):
             try:
                 registry.get(kind, value, key_path)
             except PluginError as exc:
