@@ -23,6 +23,7 @@ import select
 import signal
 import subprocess
 import sys
+import time
 
 logger = logging.getLogger(__name__)
 
@@ -44,8 +45,8 @@ def die_with_parent() -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _process_table() -> dict[int, tuple[int, str]]:
-    """``pid -> (parent pid, start time)`` of every process (from ``/proc/*/stat``)."""
+def _process_table() -> dict[int, tuple[int, str, int]]:
+    """``pid -> (parent pid, start time, process group)`` of every process (``/proc/*/stat``)."""
     table = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -55,15 +56,15 @@ def _process_table() -> dict[int, tuple[int, str]]:
                 fields = handle.read().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             continue
-        table[int(entry)] = (int(fields[1]), fields[19])  # ppid, starttime
+        table[int(entry)] = (int(fields[1]), fields[19], int(fields[2]))  # ppid, starttime, pgrp
     return table
 
 
-def descendants(pid: int, table: dict[int, tuple[int, str]] | None = None) -> dict[int, str]:
+def descendants(pid: int, table: dict | None = None) -> dict[int, str]:
     """``pid -> start time`` of every descendant of ``pid`` alive now."""
     table = _process_table() if table is None else table
     children: dict[int, list[int]] = {}
-    for child, (parent, _) in table.items():
+    for child, (parent, *_) in table.items():
         children.setdefault(parent, []).append(child)
     found, todo = {}, list(children.get(pid, ()))
     while todo:
@@ -74,30 +75,60 @@ def descendants(pid: int, table: dict[int, tuple[int, str]] | None = None) -> di
     return found
 
 
+def _stays_alive(pid: int, seconds: float = 0.5) -> bool:
+    """Whether ``pid`` (this process's parent) is still alive, and not exiting, ``seconds`` on."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if os.getppid() != pid:
+            return False
+        try:
+            with open(f"/proc/{pid}/stat") as handle:
+                if handle.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                    return False
+        except OSError:
+            return False
+        time.sleep(0.02)
+    return True
+
+
 def watch(pid: int) -> None:
-    """Remember ``pid``'s descendants until it dies, then SIGKILL those still alive (the loop of
+    """Remember ``pid``'s descendants until it dies, then SIGKILL them (the loop of
     ``python -m loong_core.reaper PID``, a child of ``pid`` reading a pipe from it on stdin).
 
-    The end of the pipe with ``pid`` still alive means a normal stop: nothing is killed. SIGINT
-    and SIGTERM are ignored, so that a signal to the whole process group cannot stop the watch
-    before the helpers are dealt with.
+    Besides the remembered ones, the processes orphaned by the death are found and killed: those
+    now under this watcher's new parent, in ``pid``'s process group and started after it (helpers
+    forked in the last moments, such as per-save checkpoint writers). The end of the pipe with
+    ``pid`` still alive means a normal stop: nothing is killed. SIGINT and SIGTERM are ignored, so
+    that a signal to the whole process group cannot end the watch before the helpers.
     """
     me, seen = os.getpid(), {}
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    first = _process_table()
+    if pid not in first:
+        return
+    _, born, group = first[pid]
     while os.getppid() == pid:
         seen.update({child: start for child, start in descendants(pid).items() if child != me})
         if select.select([sys.stdin], [], [], _POLL)[0] and not sys.stdin.buffer.read1(1):
-            if os.getppid() == pid:
-                return  # stopped by Reaper.stop
+            # The pipe also ends when pid dies, a moment before this process is re-parented.
+            if _stays_alive(pid):
+                return  # stopped by Reaper.stop (which waits for this process to exit)
             break
-    table = _process_table()
-    for child, start in seen.items():
-        if child in table and table[child][1] == start:  # the same process, not a reused pid
+    for _ in range(3):  # again, for grandchildren orphaned by the first kills
+        table = _process_table()
+        orphans = {child: start for child, (parent, start, pgrp) in table.items()
+                   if parent == os.getppid() and pgrp == group and int(start) >= int(born) and child != me}
+        alive = {child: start for child, start in {**seen, **orphans}.items()
+                 if child in table and table[child][1] == start}  # the same process, not a reused pid
+        if not alive:
+            return
+        for child in alive:
             try:
                 os.kill(child, signal.SIGKILL)
             except OSError:
                 pass
+        time.sleep(0.1)
 
 
 def _ignore_sigterm() -> None:
