@@ -39,6 +39,7 @@ def load_trained(checkpoint: str | Path, device: str = "cpu", num_threads: int |
     from loong_diffusion.provider import DiffusionProvider
 
     checkpoint = store.resolve_checkpoint(checkpoint)
+    store.verify_checkpoint(checkpoint)  # every file's size and checksum
     registry = get_plugin_system().registry()
     cfg = validate_config(run_config_of(checkpoint), registry)
     provider_class = registry.get("model", cfg.model.name).load()

@@ -58,12 +58,14 @@ class LoadedPolicy:
         import torch
         import yaml
 
+        from loong_core.checkpoint import store
         from loong_core.engines.torch_native.checkpointing import load_model_only
         from loong_embodied.lerobot.format import read_info
         from loong_embodied.lerobot.meta import read_stats, read_tasks
         from loong_embodied.lerobot.normalize import Normalizer
 
         self.run_dir, self.checkpoint = resolve_checkpoint(checkpoint)
+        store.verify_checkpoint(self.checkpoint)  # every file's size and checksum
         raw = yaml.safe_load((self.run_dir / "config.yaml").read_text())
         model_raw, data_raw = raw["model"], raw["data"]
         self.config, self.model = build_policy(model_raw, self.run_dir)

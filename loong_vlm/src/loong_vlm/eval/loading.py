@@ -97,6 +97,7 @@ def load_vlm(checkpoint: str | Path) -> LoadedVLM:
         ConfigError: Not a VLM run, or a path problem (the message names the fix).
         CheckpointError: The checkpoint's tensors do not fit the rebuilt model.
     """
+    from loong_core.checkpoint import store
     from loong_core.checkpoint.restricted import mcore_load
     from loong_core.config.schema import ParallelConfig
     from loong_core.engines.megatron import parallel
@@ -106,6 +107,7 @@ def load_vlm(checkpoint: str | Path) -> LoadedVLM:
     from loong_vlm.provider import VLMProvider
 
     run_dir, ckpt = resolve_run(checkpoint)
+    store.verify_checkpoint(ckpt)  # every file's size and checksum
     cfg = _run_config(run_dir)
     registry = get_plugin_system().registry()
     provider_cls = registry.get("model", cfg.model.name).load()
