@@ -128,7 +128,7 @@ def test_resume_auto_falls_back_past_a_truncated_checkpoint_and_says_so(tiny, so
 
 def test_nan_step_is_skipped_and_counted_when_exit_on_nan_is_false(tiny, source, nan_site, tmp_path):
     run_dir = tmp_path / "nan"
-    run_train([*tiny, f"trainer.train_iters={STEPS}", "trainer.save_interval=2", "trainer.exit_on_nan=false",
+    run_train([*tiny, f"trainer.train_iters={STEPS}", "trainer.save_interval=4", "trainer.exit_on_nan=false",
                f"trainer.run_dir={run_dir}"], env={"PYTHONPATH": nan_site, "NAN_AT_STEP": "2"})
     records = {r["step"]: r for r in read_metrics(run_dir)}
     reference = {r["step"]: r for r in read_metrics(source)}
@@ -137,7 +137,7 @@ def test_nan_step_is_skipped_and_counted_when_exit_on_nan_is_false(tiny, source,
     assert all(math.isfinite(records[s]["loss"]) for s in range(1, STEPS + 1) if s != 2)
     assert records[1]["loss"] == reference[1]["loss"]
     assert records[3]["lr"] == reference[2]["lr"]  # the skipped step did not advance the schedule
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [f"iter_{s:07d}" for s in (2, 4, 6, 8)]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["iter_0000004", "iter_0000008"]
 
 
 def test_nan_step_stops_the_run_naming_the_step_and_the_last_good_checkpoint(tiny, nan_site, tmp_path):
