@@ -116,6 +116,7 @@ def _run_torchrun(options: LaunchOptions, overrides: list[str]) -> None:
 def _launch_with_restarts(options: LaunchOptions, overrides: list[str], cfg) -> None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+    from loong_core.checkpoint import store
     from loong_core.runtime import pick_run_dir
 
     run_dir = pick_run_dir(cfg if cfg is not None else _load(overrides))
@@ -124,7 +125,8 @@ def _launch_with_restarts(options: LaunchOptions, overrides: list[str], cfg) -> 
     for attempt in range(options.max_restarts + 1):
         if attempt:
             single = dataclasses.replace(single, master_port=None)  # a fresh port: no stale peers
-            overrides = _with_override(overrides, "trainer.resume", "auto")
+            if store.find_latest(run_dir / "checkpoints") is not None:  # else as first asked
+                overrides = _with_override(overrides, "trainer.resume", "auto")
         try:
             _run_torchrun(single, overrides)
             return
