@@ -69,13 +69,17 @@ def _check_against_forward(got_ids: list[int], predicted: list[int], end_ids: se
         assert predicted[len(got_ids)] in end_ids
 
 
-def test_digits_run_answers_are_the_forward_passes_argmax(digits_run, one_process, capsys):
+def test_digits_run_answers_are_the_forward_passes_argmax(digits_run, one_process, capsys, caplog):
+    import logging
+
     from loong_vlm.eval.loading import load_vlm
     from loong_vlm.eval.tasks import task_for
     from loong_vlm.eval.vqa import evaluate, next_token_logits
 
-    result = loong_json(capsys, "eval", "vqa", "--checkpoint", str(digits_run), "--limit", "6", "--show", "6",
-                        "--max-new-tokens", str(MAX_NEW))
+    with caplog.at_level(logging.INFO):
+        result = loong_json(capsys, "eval", "vqa", "--checkpoint", str(digits_run), "--limit", "6", "--show", "6",
+                            "--max-new-tokens", str(MAX_NEW))
+    assert "answering 6 questions: step" in caplog.text  # progress while it answers
     assert result["count"] == 6 and result["source"] == "valid" and len(result["examples"]) == 6
     assert result["correct"] == sum(row["correct"] for row in result["examples"])
     assert result["accuracy"] == pytest.approx(result["correct"] / 6)

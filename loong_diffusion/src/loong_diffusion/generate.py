@@ -10,10 +10,10 @@ from pathlib import Path
 import torch
 
 from loong_core.errors import ConfigError
+from loong_core.step_progress import StepProgress
 from loong_diffusion import images
 from loong_diffusion.checkpoint_io import load_trained
 from loong_diffusion.sampling import euler_sample
-from loong_diffusion.step_progress import StepProgress
 
 logger = logging.getLogger(__name__)
 

@@ -115,6 +115,10 @@ def load_vlm(checkpoint: str | Path) -> LoadedVLM:
         raise ConfigError(f"{run_dir} trained model '{cfg.model.name}', which is not a VLM; `loong eval vqa` "
                           "evaluates vlm / qwen2_5_vl / qwen3_vl runs (for a language model use `loong generate` "
                           "or `loong eval perplexity --checkpoint`).")
+    if cfg.device.num_threads:  # the run's thread setting, as in training
+        import torch
+
+        torch.set_num_threads(cfg.device.num_threads)
     data = registry.get("dataset", cfg.data.name).load()(cfg.data)
     data.prepare()
     data.setup()

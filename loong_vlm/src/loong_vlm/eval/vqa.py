@@ -9,6 +9,7 @@ import time
 import torch
 
 from loong_core.errors import ConfigError
+from loong_core.step_progress import StepProgress
 from loong_vlm.eval.loading import LoadedVLM
 from loong_vlm.eval.tasks import VQAItem
 from loong_vlm.provider import VISUAL_KEYS
@@ -107,7 +108,12 @@ def evaluate(vlm: LoadedVLM, split: str = "valid", data_file: str | None = None,
     if batch_size < 1:
         raise ConfigError(f"--batch-size {batch_size} must be at least 1.")
     start = time.perf_counter()
-    answers = [a for batch in _batches(task, items, batch_size) for a in greedy_answers(vlm, task, batch, max_new)]
+    batches = _batches(task, items, batch_size)
+    answers = []
+    with StepProgress(len(batches), f"answering {len(items)} questions") as progress:
+        for done, batch in enumerate(batches, 1):
+            answers += greedy_answers(vlm, task, batch, max_new)
+            progress.update(done)
     correct, examples = 0, []
     for i, (item, answer) in enumerate(zip(items, answers)):
         got = task.decode(answer).strip()

@@ -1,5 +1,5 @@
-"""Progress of a fixed number of steps outside training (sampling): a tqdm bar on a terminal,
-else a log line at every tenth of the way."""
+"""Progress of a fixed number of steps outside training (sampling, evaluation): a tqdm bar on a
+terminal, else a log line at every tenth of the way."""
 
 from __future__ import annotations
 
