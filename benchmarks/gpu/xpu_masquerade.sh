@@ -12,8 +12,8 @@
 #
 # usage: bash benchmarks/gpu/xpu_masquerade.sh [--dry-run | --cpu-rehearsal]
 #   --dry-run        check the environment and print the commands without training (runs on CPU).
-#   --cpu-rehearsal  the same run and checks over the CPU stand-in runtime (gloo, fp32), to test
-#                    this script without a GPU; it proves nothing about CUDA.
+#   --cpu-rehearsal  the same run and checks over the CPU stand-in runtime (gloo, bf16 on CPU), to
+#                    test this script without a GPU; it proves nothing about CUDA.
 # env: WHEELS=dir of wheels for what the GPU machine lacks (megatron-core, hydra-core, ...), made
 #      on a machine with PyPI by:  bash benchmarks/gpu/xpu_masquerade.sh --download-wheels
 #      (keep it out of git, e.g. in .git/info/exclude, and carry it to the GPU machine)
@@ -57,12 +57,10 @@ cp -r loong_xpu/tests/fake_vendor/torch_xmlir loong_xpu/tests/fake_vendor/kunlun
 export PYTHONPATH="$STUB${PYTHONPATH:+:$PYTHONPATH}"
 unset LOONG_XPU_RUNTIME LOONG_DEVICE
 EXPECT_BACKEND=nccl
-EXTRA=()
 if [[ "$MODE" == "--cpu-rehearsal" ]]; then
     export PYTHONPATH="$PWD/loong_xpu/tests/fake_vendor:$PYTHONPATH"
     export LOONG_XPU_RUNTIME=fake_kunlun_runtime:CPUKunlunRuntime
     EXPECT_BACKEND=gloo
-    EXTRA=(parallel.mixed_precision=fp32)
     STEPS=${STEPS_REHEARSAL:-5}
 fi
 
@@ -72,7 +70,7 @@ RUN_DIR=${RUN_DIR:-$(mktemp -d)/xpu_masquerade}
 TRAIN=(loong train experiment=llama_debug "trainer.train_iters=$STEPS" trainer.log_interval=1
        trainer.eval_interval=0 trainer.save_at_end=false trainer.progress_bar=false
        "device.peak_tflops=$PEAK_TFLOPS" kernels.rms_norm=xpu kernels.swiglu=xpu kernels.rope=xpu
-       "trainer.run_dir=$RUN_DIR" "${EXTRA[@]}" --nproc-per-node "$NPROC")
+       "trainer.run_dir=$RUN_DIR" --nproc-per-node "$NPROC")
 
 if [[ "$MODE" == "--dry-run" ]]; then
     echo "would run: ${PIP_LOONG[*]}"
