@@ -63,6 +63,8 @@ def test_generate_and_perplexity_find_the_runs_tokenizer(run_dir, tmp_path):
     assert out.stdout.startswith("To be")
     text = tmp_path / "text.txt"
     text.write_text("To be, or not to be, that is the question. " * 8)
-    ppl = json.loads(loong("eval", "perplexity", "--checkpoint", str(run_dir), "--text", str(text),
-                           "--seq-length", "32", "--json").stdout)
+    proc = loong("eval", "perplexity", "--checkpoint", str(run_dir), "--text", str(text),
+                 "--seq-length", "32", "--json", "--num-threads", "1")
+    ppl = json.loads(proc.stdout)
     assert 1.0 < ppl["perplexity"] < 512
+    assert f"perplexity over {ppl['tokens'] + 1} tokens: step" in proc.stderr  # progress

@@ -15,6 +15,25 @@ def _model_args(p) -> None:
     p.add_argument("--family", default=None, help="model family (default: from config.json)")
     p.add_argument("--tokenizer", default=None,
                    help="tokenizer.json or its directory (default: the model's)")
+    p.add_argument("--num-threads", type=int, default=None,
+                   help="CPU threads (default: the run's device.num_threads, as in training)")
+
+
+def _set_threads(args) -> None:
+    """``--num-threads``, else the ``device.num_threads`` of the checkpoint's run (as training)."""
+
+    import torch
+    import yaml
+
+    threads = args.num_threads
+    if threads is None and args.checkpoint:
+        from loong_core.checkpoint import store
+
+        run_config = store.resolve_checkpoint(args.checkpoint).parent.parent / "config.yaml"
+        if run_config.is_file():
+            threads = (yaml.safe_load(run_config.read_text()).get("device") or {}).get("num_threads")
+    if threads:
+        torch.set_num_threads(int(threads))
 
 
 def add_generate_parser(subparsers) -> None:
@@ -40,6 +59,7 @@ def run_generate(args, extra) -> int:
     """Print the prompt and its greedy continuation."""
     from loong_llm.hf.inference import generate, load
 
+    _set_threads(args)
     lm = load(args.hf, args.checkpoint, args.family, args.tokenizer)
     print(args.prompt + generate(lm, args.prompt, args.max_new_tokens))
     return 0
@@ -51,6 +71,7 @@ def run_perplexity(args, extra) -> int:
 
     from loong_llm.hf.inference import load, perplexity
 
+    _set_threads(args)
     lm = load(args.hf, args.checkpoint, args.family, args.tokenizer)
     result = perplexity(lm, Path(args.text).read_text(), args.seq_length)
     print(json.dumps(result) if args.json else f"perplexity: {result['perplexity']:.4f}")

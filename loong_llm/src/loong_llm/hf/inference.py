@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from loong_core.errors import ConfigError
+from loong_core.step_progress import StepProgress
 
 logger = logging.getLogger(__name__)
 
@@ -119,14 +120,17 @@ def perplexity(lm: LoadedModel, text: str, seq_length: int = 512) -> dict:
     ids = lm.tokenizer.encode(text).ids
     seq_length = min(seq_length, lm.config.max_position_embeddings)
     nll, count = 0.0, 0
-    for start in range(0, max(len(ids) - 1, 0), seq_length):
-        chunk = torch.tensor([ids[start: start + seq_length + 1]])
-        if chunk.shape[1] < 2:
-            break
-        logits = lm.logits(chunk[:, :-1])
-        loss = torch.nn.functional.cross_entropy(logits[0], chunk[0, 1:], reduction="sum")
-        nll += float(loss)
-        count += chunk.shape[1] - 1
+    starts = range(0, max(len(ids) - 1, 0), seq_length)
+    with StepProgress(len(starts), f"perplexity over {len(ids)} tokens") as progress:
+        for done, start in enumerate(starts, 1):
+            chunk = torch.tensor([ids[start: start + seq_length + 1]])
+            if chunk.shape[1] < 2:
+                break
+            logits = lm.logits(chunk[:, :-1])
+            loss = torch.nn.functional.cross_entropy(logits[0], chunk[0, 1:], reduction="sum")
+            nll += float(loss)
+            count += chunk.shape[1] - 1
+            progress.update(done)
     if count == 0:
         raise ConfigError("the text has fewer than 2 tokens.")
     return {"perplexity": math.exp(nll / count), "tokens": count, "nll": nll / count}
