@@ -8,8 +8,8 @@ Model code calls::
 The choice is made once per process: ``loong train`` calls :func:`configure` with the run's
 ``kernels`` config section and device before any model is built. Without that call (unit tests,
 ``loong convert``, notebooks) the first :func:`get` resolves every op as ``auto`` for the device
-type of the backend ``device=auto`` would pick (``$LOONG_DEVICE``, else the best available), unless ``$LOONG_KERNELS`` gives choices
-(``"rms_norm=triton,attention=flex"``).
+type of the backend ``device=auto`` would pick (``$LOONG_DEVICE``, else the best available),
+unless ``$LOONG_KERNELS`` gives choices (``"rms_norm=triton,attention=flex"``).
 
 Ops and their signatures: :mod:`loong_core.kernels.reference` (``attention`` also in
 :mod:`loong_core.kernels.attention`). This module imports no torch until a kernel is loaded.
