@@ -49,11 +49,11 @@ def test_process_group_rendezvous_times_out_naming_the_address(monkeypatch):
     port = free_port()
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(port))
-    monkeypatch.setenv("LOONG_INIT_TIMEOUT", "2")
+    monkeypatch.setenv("LOONG_INIT_TIMEOUT", "1")
     monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
     for rank in (1, 0):  # rank 1: nobody serves the address; rank 0: rank 1 never arrives
         started = time.monotonic()
-        with pytest.raises(TrainingError, match=rf"rank {rank} of 2: no process group after 2 s at the "
+        with pytest.raises(TrainingError, match=rf"rank {rank} of 2: no process group after 1 s at the "
                                                 rf"rendezvous 127.0.0.1:{port}"):
             _rendezvous(rank, 2)
         assert time.monotonic() - started < 30
