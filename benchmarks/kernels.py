@@ -20,8 +20,8 @@ busy machine slows every arm alike). Columns:
 
 The linear cross entropy section measures 4k tokens x 128k vocab x hidden 1k (fp32) with the
 unfused reference (``hidden @ weight.T`` then cross entropy) against the tiled backends and prints
-the ratio of their peak extra memory (the goal: at most 1/4). The last table says, per op, whether
-``compile`` beats ``torch`` here, which is what ``kernels.<op>=auto`` may use on CPU.
+the ratio of their peak extra memory (the goal: at most 1/4). The table after the main one says, per
+op, whether ``compile`` beats ``torch`` here, which is what ``kernels.<op>=auto`` may use on CPU.
 """
 
 from __future__ import annotations
