@@ -52,11 +52,11 @@ def test_bf16_run_stays_within_one_bf16_unit_of_fp32_for_10_steps(runs):
 
 
 def test_bf16_checkpoint_holds_bf16_weights_and_fp32_main_weights(runs):
-    from megatron.core import dist_checkpointing
-
     import torch
 
-    meta = dist_checkpointing.load_tensors_metadata(str(runs["bf16"] / "checkpoints" / "iter_0000005"))
+    from loong_core.checkpoint.restricted import mcore_tensors_metadata
+
+    meta = mcore_tensors_metadata(runs["bf16"] / "checkpoints" / "iter_0000005")
     weight = "decoder.layers.self_attention.linear_qkv.weight"
     assert meta[weight].dtype == torch.bfloat16
     assert meta[f"optimizer.state.fp32_param.{weight}"].dtype == torch.float32
