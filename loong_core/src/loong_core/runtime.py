@@ -295,6 +295,10 @@ def check_layout(cfg, world_size: int) -> None:
 
     dp = check_world(cfg.parallel, world_size)
     p, t = cfg.parallel, cfg.trainer
+    if p.context_parallel_size > 1:
+        from loong_core.engines.megatron.context_parallel import check_seq_length
+
+        check_seq_length(cfg.data.seq_length, p)
     how = (f"{world_size} ranks / (TP {p.tensor_model_parallel_size} x PP "
            f"{p.pipeline_model_parallel_size} x CP {p.context_parallel_size})")
     check_batch_layout(t.global_batch_size, t.micro_batch_size, dp, how)

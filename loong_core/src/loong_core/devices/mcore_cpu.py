@@ -80,7 +80,9 @@ _FACTORIES = ("tensor", "zeros", "ones", "empty", "empty_like", "zeros_like", "o
 
 @_patch
 def cuda_factories():
-    """Tensor factories called with a CUDA device allocate on CPU.
+    """Tensor factories called with a CUDA device allocate on CPU, and ``pin_memory=True``
+    (megatron-core stages index tensors in pinned memory before ``.cuda()``, for example the
+    context-parallel RoPE slice) is dropped: a CPU-only process has no pinned allocator.
 
     torch's device context managers (``with torch.device("meta")``, used by transformers'
     ``from_pretrained``) recognise factories by identity through a cached set built on first use;
@@ -101,6 +103,8 @@ def cuda_factories():
             def factory(*args, **kwargs):
                 if _is_cuda_device(kwargs.get("device")):
                     kwargs["device"] = "cpu"
+                if kwargs.get("pin_memory"):  # staging for a .cuda() copy; no pinned allocator here
+                    kwargs["pin_memory"] = False
                 return original(*args, **kwargs)
 
             factory._loong_cpu = True

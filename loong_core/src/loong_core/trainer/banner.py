@@ -18,7 +18,7 @@ def _parallel_line(p, layout) -> str:
     if p.engine == "megatron":
         return (f"parallel: engine=megatron TP={p.tensor_model_parallel_size} "
                 f"PP={p.pipeline_model_parallel_size} VPP={p.virtual_pipeline_model_parallel_size or 1} "
-                f"EP={p.expert_model_parallel_size} DP={layout.data_parallel_size} "
+                f"CP={p.context_parallel_size} EP={p.expert_model_parallel_size} DP={layout.data_parallel_size} "
                 f"SP={p.sequence_parallel} dist-opt={p.use_distributed_optimizer}")
     sharding = getattr(p, "data_parallel_sharding", "ddp")
     return (f"parallel: engine={p.engine} {sharding} over DP={layout.data_parallel_size} "

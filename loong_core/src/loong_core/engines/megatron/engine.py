@@ -8,7 +8,7 @@ import math
 import torch
 
 from loong_core.engines.base import Engine, ParallelLayout, StepResult
-from loong_core.engines.megatron import checkpointing, optim, parallel, precision
+from loong_core.engines.megatron import checkpointing, context_parallel, optim, parallel, precision
 from loong_core.engines.megatron.finite import grads_finite
 from loong_core.errors import ConfigError
 
@@ -24,6 +24,9 @@ class MegatronEngine(Engine):
                 f"model '{self.config.model.name}' does not support parallel.engine=megatron "
                 f"(it supports: {', '.join(self.provider.engines)})."
             )
+        if self.config.parallel.context_parallel_size > 1:
+            context_parallel.check_provider(self.provider, self.config.model.name)
+            context_parallel.check_seq_length(self.config.data.seq_length, self.config.parallel)
         self.layout = parallel.initialize(self.config.parallel, self.config.trainer.seed)
         return self.layout
 
@@ -138,12 +141,12 @@ class MegatronEngine(Engine):
         )
 
     def _reduce_losses(self, outputs: list[dict]) -> tuple[float, float, dict]:
-        """Sum ``[loss_sum, tokens]`` over micro batches and DP ranks; every rank gets the result."""
+        """Sum ``[loss_sum, tokens]`` over micro batches and DP x CP ranks (each context-parallel
+        rank holds its share of the tokens); every rank gets the result."""
         from megatron.core import parallel_state as ps
 
         owner = (ps.is_pipeline_last_stage(ignore_virtual=True)
-                 and ps.get_tensor_model_parallel_rank() == 0
-                 and ps.get_context_parallel_rank() == 0)
+                 and ps.get_tensor_model_parallel_rank() == 0)
         names = list(getattr(self.provider, "reported_metrics", ("loss",)))
         vec = torch.zeros(2 * len(names), dtype=torch.float64)
         if owner:

@@ -39,11 +39,6 @@ def initialize(p: ParallelConfig, seed: int) -> ParallelLayout:
     check_world(p, world)
     if p.virtual_pipeline_model_parallel_size and p.pipeline_model_parallel_size < 2:
         raise ConfigError("'parallel.virtual_pipeline_model_parallel_size' needs pipeline_model_parallel_size > 1.")
-    if p.context_parallel_size > 1:
-        raise ConfigError(
-            "'parallel.context_parallel_size' > 1 needs TransformerEngine attention, which this "
-            "installation's megatron-core spec does not provide; set context_parallel_size=1."
-        )
     ps.destroy_model_parallel()
     ps.initialize_model_parallel(
         tensor_model_parallel_size=p.tensor_model_parallel_size,

@@ -24,6 +24,7 @@ class DecoderProvider(ModelProvider):
 
     engines = ("megatron",)
     family = "llama"
+    supports_context_parallel = True  # forward_step shards the batch over the CP group
     config: DecoderConfig
 
     def __init__(self, config: DecoderConfig):
@@ -157,7 +158,11 @@ class DecoderProvider(ModelProvider):
             apply_lora(chunk, self.config.lora)
 
     def forward_step(self, model, batch: dict):
+        from loong_core.engines.megatron.context_parallel import slice_batch
+
         # attention_mask (optional, [b, 1, s, s], True = masked) keeps packed documents apart.
+        # Under context parallelism this rank keeps its two chunks of every sequence.
+        batch = slice_batch(batch)
         output = model(batch["tokens"], batch["position_ids"], batch.get("attention_mask"),
                        labels=batch["labels"])
         loss_mask = batch["loss_mask"].float()

@@ -1,0 +1,111 @@
+"""Core attention under context parallelism, with the seam's attention op (no TransformerEngine).
+
+Layout: megatron-core's load-balanced one. The sequence is cut into ``2 N`` equal chunks for a
+context-parallel group of ``N`` ranks and rank ``r`` holds chunks ``r`` and ``2N - 1 - r`` (its
+queries, keys and values; ``megatron.core.utils.get_batch_on_this_cp_rank`` slices the batch so,
+and megatron-core's rotary embeddings give the positions of those chunks).
+
+K/V exchange: all-gather. Every rank all-gathers the keys and values of the group along the
+sequence (:class:`GatherSequence`; its backward reduce-scatters dK / dV, so each rank gets the
+sum of the gradients all ranks' queries sent to its own keys and values), puts the chunks back in
+sequence order, and runs the seam's ``attention`` once per local query chunk against the key prefix
+that chunk may see: chunk ``j`` attends to keys ``[0, (j + 1) c)`` with the causal diagonal
+bottom-right aligned, so the causal mask follows from the global positions and the softmax of each
+call is complete (no log-sum-exp merging). With grouped-query attention the gathered K/V are
+``num_query_groups / num_heads`` of the queries' size, which is why all-gather (one collective per
+tensor, no ring of ``N`` steps) is the simplest correct exchange.
+
+An explicit attention mask (packed documents) arrives as the local query rows of the full mask
+(``[b or 1, 1, 2c, S]``, True = masked, keys in sequence order); each chunk takes its rows of it
+over all keys (a mask need not be causal), as a dense mask.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from loong_core import kernels
+
+
+class GatherSequence(torch.autograd.Function):
+    """All-gather along dim 0 over ``group``; backward reduce-scatters the gradient."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
+        ctx.group = group
+        x = x.contiguous()
+        out = x.new_empty((group.size() * x.shape[0], *x.shape[1:]))
+        dist.all_gather_into_tensor(out, x, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        grad = grad.contiguous()
+        out = grad.new_empty((grad.shape[0] // ctx.group.size(), *grad.shape[1:]))
+        dist.reduce_scatter_tensor(out, grad, group=ctx.group)
+        return out, None
+
+
+def chunk_order(size: int) -> list[int]:
+    """For each of the ``2 * size`` chunks in sequence order, its index in the rank-major gather
+    (rank ``r`` contributed chunks ``r`` and ``2 size - 1 - r``, in that order)."""
+    order = []
+    for chunk in range(2 * size):
+        rank, half = (chunk, 0) if chunk < size else (2 * size - 1 - chunk, 1)
+        order.append(2 * rank + half)
+    return order
+
+
+def local_chunks(size: int, rank: int) -> tuple[int, int]:
+    """The two chunks (in sequence order) that ``rank`` holds."""
+    return rank, 2 * size - 1 - rank
+
+
+def gather_sequence(x: torch.Tensor, group) -> torch.Tensor:
+    """``x [2c, ...]`` of every rank of ``group`` -> ``[2 N c, ...]`` in sequence order."""
+    size = group.size()
+    gathered = GatherSequence.apply(x, group)
+    chunk = x.shape[0] // 2
+    pieces = gathered.view(2 * size, chunk, *x.shape[1:])
+    index = torch.tensor(chunk_order(size), device=x.device)
+    return pieces.index_select(0, index).reshape(2 * size * chunk, *x.shape[1:])
+
+
+def attention(query, key, value, group, *, causal: bool, attention_mask=None, scale=None,
+              dropout_p: float = 0.0) -> torch.Tensor:
+    """Attention of this rank's queries over the whole sequence's keys and values.
+
+    Args:
+        query: ``[2c, b, np, hn]``, this rank's two chunks (megatron-core layout).
+        key: ``[2c, b, ng, hn]``; value: ``[2c, b, ng, hv]`` (this rank's chunks).
+        group: The context-parallel process group.
+        causal: Causal attention (megatron's causal mask type) when no ``attention_mask``.
+        attention_mask: None, or the local query rows of the full boolean mask
+            (``[b or 1, 1, 2c, S]``, True = masked); it replaces ``causal``.
+        scale: Softmax scale.
+        dropout_p: Attention dropout.
+
+    Returns:
+        ``[2c, b, np, hv]``.
+    """
+    size, rank = group.size(), group.rank()
+    chunk = query.shape[0] // 2
+    full_k = gather_sequence(key, group).permute(1, 2, 0, 3)  # [b, ng, S, hn]
+    full_v = gather_sequence(value, group).permute(1, 2, 0, 3)
+    q = query.permute(1, 2, 0, 3)  # [b, np, 2c, hn]
+    op = kernels.get("attention")
+    outs = []
+    for half, global_chunk in enumerate(local_chunks(size, rank)):
+        q_half = q[:, :, half * chunk:(half + 1) * chunk]
+        # A causal chunk sees the keys up to its own end; a mask may allow any key.
+        end = (global_chunk + 1) * chunk if causal and attention_mask is None else None
+        k_half, v_half = full_k[:, :, :end], full_v[:, :, :end]
+        if attention_mask is None:
+            out = op(q_half, k_half, v_half, causal=causal, scale=scale, dropout_p=dropout_p)
+        else:
+            rows = attention_mask[..., half * chunk:(half + 1) * chunk, :end]
+            out = op(q_half, k_half, v_half, causal=False, mask=~rows, scale=scale,
+                     dropout_p=dropout_p)
+        outs.append(out)
+    return torch.cat(outs, dim=2).permute(2, 0, 1, 3)  # [2c, b, np, hv]

@@ -1,0 +1,97 @@
+"""Context parallelism with loong's own attention follows the one-rank loss curve (same weights,
+same data): CP2 and CP2 x TP2 with the distributed optimizer (llama), CP2 with expert parallelism
+(qwen3_moe), CP2 with MLA (deepseek_v3); a CP2 checkpoint resumes at CP1; a sequence length that
+does not split into 2 x CP chunks is a ConfigError."""
+
+from __future__ import annotations
+
+import pytest
+
+from loong_core.testing import losses, run_train
+
+STEPS = 5
+LOGGING = ["trainer.log_interval=1", "trainer.eval_interval=0", "trainer.progress_bar=false",
+           "trainer.tensorboard=false"]
+CP2 = "parallel.context_parallel_size=2"
+
+
+def _assert_curve(got: dict, ref: dict, steps, label: str) -> None:
+    assert sorted(got) == list(steps), (label, got)
+    for step in steps:
+        assert got[step] == pytest.approx(ref[step], abs=2e-5, rel=2e-5), (label, step, got, ref)
+
+
+def _run_cp(overrides: list[str], nproc: int, layout: str):
+    """Train under context parallelism; the banner must show the layout (CP=2, and DP=1: the
+    ranks split sequences, they are not data-parallel replicas)."""
+    proc = run_train(overrides, nproc=nproc)
+    assert layout in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-3000:]
+
+
+def _reference(root, base: list[str], init: bool):
+    """``(overrides, one-rank losses)``: from a saved initial checkpoint when ``init`` (layouts
+    that change how weights are initialised: TP, EP), else from the same seed."""
+    common = [*base, *LOGGING, f"trainer.train_iters={STEPS}", "optim.lr_decay_iters=20"]
+    if init:
+        run_train([*base, *LOGGING, f"trainer.run_dir={root / 'init'}", "trainer.train_iters=1"])
+        common.append(f"trainer.init_from={root / 'init' / 'checkpoints' / 'iter_0000001'}")
+    run_train([*common, f"trainer.run_dir={root / 'ref'}"])
+    ref = losses(root / "ref")
+    assert ref[STEPS] < ref[1]  # the model learns over these steps: a frozen one could not pass
+    return common, ref
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory, tiny):
+    root = tmp_path_factory.mktemp("cp_llama")
+    common, ref = _reference(root, list(tiny), init=True)
+    return common, ref, root
+
+
+@pytest.mark.multirank
+def test_llama_cp2_follows_one_rank_and_resumes_at_cp1(llama, tiny):
+    common, ref, root = llama
+    cp2 = root / "cp2"
+    _run_cp([*common, CP2, "trainer.save_interval=3", f"trainer.run_dir={cp2}"], 2,
+            "TP=1 PP=1 VPP=1 CP=2 EP=1 DP=1")
+    _assert_curve(losses(cp2), ref, range(1, STEPS + 1), "cp2")
+
+    # The CP2 checkpoint (weights, optimizer, data position) resumes on one rank.
+    cp1 = root / "cp1_from_cp2"
+    resume = [o for o in common if not o.startswith("trainer.init_from=")]
+    run_train([*resume, f"trainer.run_dir={cp1}",
+               f"trainer.resume={cp2 / 'checkpoints' / 'iter_0000003'}"])
+    _assert_curve(losses(cp1), ref, range(4, STEPS + 1), "cp1 from cp2")
+
+
+@pytest.mark.multirank
+def test_llama_cp2_tp2_with_distributed_optimizer(llama):
+    common, ref, root = llama
+    run_dir = root / "cp2_tp2"
+    _run_cp([*common, "parallel=tp2", CP2, "parallel.use_distributed_optimizer=true",
+             f"trainer.run_dir={run_dir}"], 4, "TP=2 PP=1 VPP=1 CP=2 EP=1 DP=1 SP=True dist-opt=True")
+    _assert_curve(losses(run_dir), ref, range(1, STEPS + 1), "cp2 x tp2 (sp, distopt)")
+
+
+@pytest.mark.multirank
+def test_moe_cp2_with_expert_parallel(tmp_path):
+    common, ref = _reference(tmp_path, ["experiment=qwen3_moe_debug"], init=True)
+    _run_cp([*common, CP2, "parallel.expert_model_parallel_size=2",
+             f"trainer.run_dir={tmp_path / 'cp2_ep2'}"], 2, "CP=2 EP=2 DP=1")
+    _assert_curve(losses(tmp_path / "cp2_ep2"), ref, range(1, STEPS + 1), "qwen3_moe cp2 x ep2")
+
+
+@pytest.mark.multirank
+def test_mla_cp2(tmp_path):
+    common, ref = _reference(tmp_path, ["experiment=deepseek_v3_debug"], init=False)
+    _run_cp([*common, CP2, f"trainer.run_dir={tmp_path / 'cp2'}"], 2, "CP=2 EP=1 DP=1")
+    _assert_curve(losses(tmp_path / "cp2"), ref, range(1, STEPS + 1), "deepseek_v3 (MLA) cp2")
+
+
+def test_seq_length_that_does_not_split_is_a_config_error(tiny, tmp_path):
+    proc = run_train([*tiny, CP2, "data.seq_length=250", f"trainer.run_dir={tmp_path / 'x'}"],
+                     nproc=2, check=False)
+    assert proc.returncode != 0
+    assert ("'data.seq_length' = 250 must be a multiple of 2 x parallel.context_parallel_size = "
+            "2 x 2 (4)") in proc.stderr + proc.stdout
+    assert "the nearest valid length is 248" in proc.stderr + proc.stdout
