@@ -44,6 +44,11 @@ class SeamSwiGLU(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return kernels.get("swiglu")(x)
 
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata=None) -> dict:
+        """Nothing to save: the activation has no parameters (megatron-core's ``MLP`` asks every
+        child for its sharded state when it checkpoints)."""
+        return {}
+
 
 _segments_cache: dict[str, tuple] = {}
 
