@@ -67,7 +67,7 @@ def _segments(q, k, v, runs, causal, scale, dropout_p):
             by_length.setdefault(length, []).append((b, start))
     pieces: dict[tuple[int, int], torch.Tensor] = {}
     for length, where in by_length.items():
-        def take(t):
+        def take(t, length=length, where=where):
             return torch.stack([t[b, :, s:s + length] for b, s in where])
         out = F.scaled_dot_product_attention(take(q), take(k), take(v), is_causal=causal,
                                              dropout_p=dropout_p, scale=scale,

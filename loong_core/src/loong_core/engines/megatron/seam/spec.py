@@ -68,7 +68,8 @@ def apply(spec, config=None, vp_stage: int | None = None):
     modules; the input is not modified.
 
     A single layer's spec becomes the block's submodules (``vp_stage`` picks the layers of a
-    virtual pipeline stage), so the block's final norm is the seam's too. Every core attention in :data:`CORE_ATTENTION` becomes :class:`SeamCoreAttention`; with a
+    virtual pipeline stage), so the block's final norm is the seam's too. Every core attention
+    in :data:`CORE_ATTENTION` becomes :class:`SeamCoreAttention`; with a
     non-plain ``rms_norm`` every RMSNorm (``WrappedTorchNorm`` under ``normalization=RMSNorm``)
     becomes :class:`SeamRMSNorm`; with ``config.use_te_activation_func`` every MLP gets
     :class:`SeamSwiGLU`. Also routes megatron-core's rotary embedding through the seam.
