@@ -76,12 +76,17 @@ def test_rollout_prints_a_success_rate_table_and_saves_a_gif(debug_run):
     assert [line.split()[:2] for line in lines[2:4]] == [["reach-v3", "1"], ["push-v3", "1"]]
     assert lines[4].startswith("mean")
     assert gif.stat().st_size > 1000 and gif.read_bytes()[:6] == b"GIF89a"
+    # progress while it runs, and the thread count the run trained with (none set: 1 for batch-1 inference)
+    assert "rollout episodes: step 2/2" in proc.stderr
+    assert "1 CPU thread(s)" in proc.stderr
 
 
 def test_rollout_json_reports_each_task_from_a_checkpoint_directory(debug_run):
     _, run_dir = debug_run
-    proc = _rollout("--checkpoint", str(run_dir / "checkpoints" / "iter_0000002"), "--json", "--seed", "7")
+    proc = _rollout("--checkpoint", str(run_dir / "checkpoints" / "iter_0000002"), "--json", "--seed", "7",
+                    "--num-threads", "2")
     assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "2 CPU thread(s)" in proc.stderr
     report = json.loads(proc.stdout)
     assert [t["task"] for t in report["tasks"]] == ["reach-v3", "push-v3"]
     for task in report["tasks"]:
@@ -95,3 +100,12 @@ def test_rollout_names_the_fix_for_a_path_without_checkpoints(tmp_path):
 
     with pytest.raises(ConfigError, match="expected a run directory"):
         resolve_checkpoint(tmp_path)
+
+
+def test_rollout_of_a_language_model_run_is_one_clear_error(tmp_path):
+    pytest.importorskip("loong_llm")
+    from loong_core.errors import ConfigError
+    from loong_embodied.eval.policy import build_policy
+
+    with pytest.raises(ConfigError, match="not a robot policy"):
+        build_policy({"name": "llama"}, tmp_path)

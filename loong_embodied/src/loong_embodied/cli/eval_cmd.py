@@ -32,6 +32,8 @@ def add_parser(subparsers) -> None:
                    help="actions executed per predicted chunk before re-planning (default: half the chunk)")
     p.add_argument("--max-steps", type=int, default=None, help="step limit per episode (default: the task's, 500)")
     p.add_argument("--gif", default=None, metavar="FILE", help="save the first episode as a GIF")
+    p.add_argument("--num-threads", type=int, default=None,
+                   help="CPU threads (default: the run's device.num_threads, else 1: batch-1 inference)")
     p.add_argument("--json", action="store_true", help="print a JSON object instead of the table")
     p.set_defaults(func=run)
 
@@ -48,7 +50,8 @@ def run(args, extra) -> int:
     if not tasks or args.episodes < 1:
         raise ConfigError("--tasks needs at least one task and --episodes at least 1")
     start = time.perf_counter()
-    policy = LoadedPolicy(args.checkpoint, action_steps=args.action_steps, seed=args.seed)
+    policy = LoadedPolicy(args.checkpoint, action_steps=args.action_steps, seed=args.seed,
+                          num_threads=args.num_threads)
     results = rollout_metaworld(policy, tasks, args.episodes, seed=args.seed, max_steps=args.max_steps,
                                 gif=args.gif)
     seconds = time.perf_counter() - start

@@ -52,9 +52,12 @@ class LoadedPolicy:
         action_steps: Actions executed from each predicted chunk before re-planning (None: half
             the chunk).
         seed: Seed of the sampling noise.
+        num_threads: CPU threads; None takes the run's ``device.num_threads`` as training did,
+            else 1 (batch-1 inference: more threads only spin and slow a shared CPU).
     """
 
-    def __init__(self, checkpoint: str | Path, action_steps: int | None = None, seed: int = 0):
+    def __init__(self, checkpoint: str | Path, action_steps: int | None = None, seed: int = 0,
+                 num_threads: int | None = None):
         import torch
         import yaml
 
@@ -78,7 +81,10 @@ class LoadedPolicy:
         self.normalizer = Normalizer(read_stats(info), dict(data_raw.get("normalization") or {}))
         self.state_key = data_raw.get("state_key", "observation.state")
         self.action_key = data_raw.get("action_key", "action")
-        torch.set_num_threads(1)   # batch-1 inference: extra threads only spin (and slow a shared CPU)
+        threads = num_threads or (raw.get("device") or {}).get("num_threads") or 1
+        if threads < 1:
+            raise ConfigError(f"--num-threads must be at least 1, got {threads}")
+        torch.set_num_threads(int(threads))
         with warnings.catch_warnings():   # DCP notes that it loads in a single process: intended here
             warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
             load_model_only(self.model, str(self.checkpoint))
@@ -87,8 +93,8 @@ class LoadedPolicy:
         self.generator = torch.Generator().manual_seed(seed)
         chunk = self.config.chunk_size
         self.action_steps = max(1, min(chunk, action_steps or max(chunk // 2, 1)))
-        logger.info("policy %s: chunk %d, executing %d actions per chunk, tasks %s", self.checkpoint, chunk,
-                    self.action_steps, self.tasks)
+        logger.info("policy %s: chunk %d, executing %d actions per chunk, tasks %s, %d CPU thread(s)",
+                    self.checkpoint, chunk, self.action_steps, self.tasks, torch.get_num_threads())
         self.reset("")
 
     def task_index(self, instruction: str) -> int:
@@ -142,6 +148,10 @@ def build_policy(model_raw: dict, run_dir: Path):
     if not registry.has("model", name):
         raise ConfigError(f"{run_dir} trained model '{name}', which no installed plugin registers")
     entry = registry.get("model", name)
+    engines = tuple(entry.meta.get("engines") or ())
+    if engines and "torch" not in engines:
+        raise ConfigError(f"{run_dir} trained model '{name}' (engine {', '.join(engines)}), not a robot policy: "
+                          "loong eval rollout needs a run of flow_policy, pi05 or groot")
     config_cls = entry.load_meta("config")
     names = {f.name for f in fields(config_cls)}
     config = config_cls(**{k: v for k, v in model_raw.items() if k in names})

@@ -62,30 +62,35 @@ def rollout_metaworld(policy, tasks: list[str], episodes: int, seed: int = 1000,
     Returns:
         One :class:`TaskResult` per task.
     """
+    from loong_core.step_progress import StepProgress
     from loong_embodied.sim.metaworld_env import MetaWorldTask, instruction
 
     image_size = policy.config.image_size[1] if policy.config.image_keys and policy.config.image_size else None
     results = []
-    for task in tasks:
-        size = image_size or GIF_SIZE
-        needs_camera = bool(image_size) or (gif is not None and not results)
-        env = MetaWorldTask(task, camera=camera if needs_camera else None, image_size=size, seed=seed)
-        result = TaskResult(task)
-        try:
-            for k in range(episodes):
-                record = gif is not None and not results and k == 0
-                success, steps, frames = _episode(env, policy, instruction(task), k, seed + k, max_steps,
-                                                  read_images=bool(image_size), record=record)
-                result.episodes += 1
-                result.successes += int(success)
-                result.steps.append(steps)
-                logger.info("%s episode %d/%d: %s after %d steps", task, k + 1, episodes,
-                            "success" if success else "failure", steps)
-                if record:
-                    _save_gif(frames, gif)
-        finally:
-            env.close()
-        results.append(result)
+    done = 0
+    with StepProgress(len(tasks) * episodes, "rollout episodes") as progress:
+        for task in tasks:
+            size = image_size or GIF_SIZE
+            needs_camera = bool(image_size) or (gif is not None and not results)
+            env = MetaWorldTask(task, camera=camera if needs_camera else None, image_size=size, seed=seed)
+            result = TaskResult(task)
+            try:
+                for k in range(episodes):
+                    record = gif is not None and not results and k == 0
+                    success, steps, frames = _episode(env, policy, instruction(task), k, seed + k, max_steps,
+                                                      read_images=bool(image_size), record=record)
+                    result.episodes += 1
+                    result.successes += int(success)
+                    result.steps.append(steps)
+                    logger.info("%s episode %d/%d: %s after %d steps", task, k + 1, episodes,
+                                "success" if success else "failure", steps)
+                    if record:
+                        _save_gif(frames, gif)
+                    done += 1
+                    progress.update(done)
+            finally:
+                env.close()
+            results.append(result)
     return results
 
 
