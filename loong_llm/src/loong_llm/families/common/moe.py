@@ -83,6 +83,18 @@ class MoEProvider(DecoderProvider):
             moe_grouped_gemm=False,
         )
 
+    def megatron_config(self, parallel_kwargs: dict):
+        config = super().megatron_config(parallel_kwargs)
+        cp = config.context_parallel_size
+        if cp > 1 and config.moe_router_load_balancing_type == "aux_loss" and config.moe_aux_loss_coeff:
+            # With calculate_per_token_loss megatron-core scales each rank's share of the
+            # load-balancing loss by that rank's token count, which under context parallelism is
+            # 1/CP of the sequence: its gradient would be 1/CP of the one-rank run's (measured:
+            # CP2 x EP2 drifted 7e-5 from one rank in 5 steps, 4e-7 without the aux loss). The
+            # coefficient compensates; the logged loss is divided by it, so it does not change.
+            config.moe_aux_loss_coeff = config.moe_aux_loss_coeff * cp
+        return config
+
     def layer_spec(self, config, vp_stage):
         """Block spec: dense or MoE layers by ``moe_layer_freq``, local modules."""
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
