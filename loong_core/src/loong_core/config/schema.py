@@ -90,7 +90,8 @@ class ParallelConfig:
         pipeline_model_parallel_size: PP size.
         virtual_pipeline_model_parallel_size: Model chunks per pipeline rank (interleaved 1F1B).
         sequence_parallel: Shard activations along the sequence in TP regions.
-        context_parallel_size: CP size.
+        context_parallel_size: CP size: every sequence sharded over this many ranks (megatron
+            engine, LLM families; ``data.seq_length`` a multiple of 2 x CP; docs/long_context.md).
         expert_model_parallel_size: EP size.
         use_distributed_optimizer: Shard optimizer state over DP (ZeRO-1).
         overlap_grad_reduce: Overlap gradient reduce-scatter/all-reduce with backward.
