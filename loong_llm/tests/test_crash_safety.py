@@ -60,7 +60,8 @@ class Run:
     def family(self) -> dict[int, str]:
         """The launcher and all its descendants now, ``pid -> start time``."""
         table = _process_table()
-        return {self.proc.pid: table[self.proc.pid][1], **descendants(self.proc.pid, table)}
+        mine = {self.proc.pid: table[self.proc.pid][1]} if self.proc.pid in table else {}
+        return {**mine, **descendants(self.proc.pid, table)}
 
     def wait(self, timeout: float = 600) -> int:
         try:
@@ -121,6 +122,9 @@ def _kill_point(run: Run, run_dir: Path, rng: random.Random, during_save: bool) 
         _until(lambda: len(store.list_checkpoints(run_dir / "checkpoints")) >= target or ended() is not None)
         time.sleep(rng.uniform(0.0, 0.5))
         where = "random"
+    if ended() is not None:  # the run finished before the drawn moment (poll() has reaped it)
+        run.wait()
+        return "after the end"
     family = run.family()
     os.kill(run.proc.pid, signal.SIGKILL)
     gone = _until(lambda: not _alive(family), timeout=10)
