@@ -63,13 +63,14 @@ class VLMProvider(ModelProvider):
 
         overrides = dict(overrides)
         geometry = pop_geometry(overrides)  # dynamic-resolution data: checked against the model, never set
-        if "vocab_size" in overrides:
-            self.foundation.apply_data_overrides({"vocab_size": overrides.pop("vocab_size")})
+        vocab = {"vocab_size": overrides.pop("vocab_size")} if "vocab_size" in overrides else None
         for key in _ENCODER_KEYS:
             if key in overrides:
                 setattr(self.config.encoder, key, overrides.pop(key))
         super().apply_data_overrides(overrides)
-        check_vision_geometry(self.config, geometry)
+        check_vision_geometry(self.config, geometry)  # images the encoder cannot read: said first
+        if vocab is not None:
+            self.foundation.apply_data_overrides(vocab)
         expected = self.image_tokens_per_image()
         if expected is not None and self.config.image_tokens is not None and self.config.image_tokens != expected:
             raise ConfigError(
