@@ -8,7 +8,7 @@ relative over 6 steps.
 
 from __future__ import annotations
 
-from loong_core.testing import losses, run_train
+from loong_core.testing import assert_within_one_bf16_unit, losses, run_train
 
 STEPS = 4
 
@@ -22,8 +22,4 @@ def test_flow_policy_bf16_stays_within_one_bf16_unit_of_fp32(lerobot_metaworld, 
                    f"trainer.train_iters={STEPS}", "trainer.save_at_end=false",
                    f"parallel.mixed_precision={precision}", f"trainer.run_dir={run_dir}"], timeout=300)
         runs[precision] = losses(run_dir)
-    fp32, bf16 = runs["fp32"], runs["bf16"]
-    assert sorted(bf16) == list(range(1, STEPS + 1))
-    for step in fp32:
-        assert abs(bf16[step] - fp32[step]) <= 2.0 ** -8 * abs(fp32[step]), step
-    assert any(bf16[s] != fp32[s] for s in fp32), "the bf16 run computed in fp32"
+    assert_within_one_bf16_unit(runs["fp32"], runs["bf16"], STEPS)

@@ -67,6 +67,15 @@ def losses(run_dir: str | Path, split: str = "train") -> dict[int, float]:
     return {r["step"]: r["loss"] for r in read_metrics(run_dir, split)}
 
 
+def assert_within_one_bf16_unit(fp32: dict[int, float], bf16: dict[int, float], steps: int) -> None:
+    """A bf16 run's loss curve stays within one bf16 unit (``2^-8`` relative) of the fp32 run's at
+    every step, and differs from it somewhere (so the bf16 run really computed in bf16)."""
+    assert sorted(bf16) == sorted(fp32) == list(range(1, steps + 1))
+    for step in fp32:
+        assert abs(bf16[step] - fp32[step]) <= 2.0 ** -8 * abs(fp32[step]), (step, bf16[step], fp32[step])
+    assert any(bf16[s] != fp32[s] for s in fp32), "the bf16 run computed in fp32"
+
+
 def install_plugin(site_dir: str | Path, distribution: str, entry_name: str, modules: dict[str, str],
                    version: str = "0.0.1") -> Path:
     """Install a plugin distribution into ``site_dir`` the way pip lays one out.
