@@ -91,9 +91,22 @@ class VisionLanguageModel(MegatronModule):
                              f"resolution encoder (model.encoder.name=qwen2_5_vit) or feed 'images'.")
         return self.projector(self.encoder(pixel_values, grid_thw))
 
+    def local_sequence(self, hidden: torch.Tensor) -> torch.Tensor:
+        """This rank's load-balanced chunks of a full-length ``[s, b, h]`` tensor under context
+        parallelism (the vision features are placed by the full token ids first), else ``hidden``."""
+        if self.config.context_parallel_size == 1:
+            return hidden
+        from loong_core.engines.megatron.context_parallel import local_sequence
+
+        return local_sequence(hidden, 0)
+
     def embed(self, tokens: torch.Tensor, position_ids: torch.Tensor | None,
               images: torch.Tensor | None = None, visual: dict | None = None) -> torch.Tensor:
         """Decoder input ``[s, b, h]``: text embeddings with image / video features placed in.
+
+        Under context parallelism the encoder runs on all images of the micro batch (replicated
+        over the CP group) and the result is this rank's two chunks of the sequence
+        (:meth:`local_sequence`), before the sequence-parallel scatter.
 
         Args:
             tokens: ``[b, s]`` token ids.
@@ -124,6 +137,7 @@ class VisionLanguageModel(MegatronModule):
             placed = place_features(base, tokens, features, token_id, kind)
         if placed is not None:
             embeddings = placed.transpose(0, 1).contiguous()
+        embeddings = self.local_sequence(embeddings)
         if self.config.sequence_parallel:
             embeddings = tensor_parallel.scatter_to_sequence_parallel_region(embeddings)
         return embeddings

@@ -16,6 +16,9 @@ logger = logging.getLogger(__name__)
 #: Batch keys of Qwen-style dynamic-resolution inputs (``docs/vlm_inputs.md``).
 VISUAL_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
 
+#: Batch keys sliced to this rank's chunks under context parallelism (dim 1; dim 2 of the mask).
+_CP_KEYS = ("tokens", "labels", "loss_mask", "answer_mask", "attention_mask")
+
 #: Data override keys that configure the encoder (the images decide them).
 _ENCODER_KEYS = ("image_size", "num_channels")
 
@@ -46,6 +49,9 @@ class VLMProvider(ModelProvider):
 
     engines = ("megatron",)
     reported_metrics = ("loss", "accuracy")
+    # Context parallelism: the composer places the features at full length, then keeps this
+    # rank's chunks; forward_step slices the targets and the packed mask (``_CP_KEYS``).
+    supports_context_parallel = True
     config: VLMConfig
 
     def __init__(self, config: VLMConfig):
@@ -133,10 +139,16 @@ class VLMProvider(ModelProvider):
         self.foundation.initialize_weights([chunk.language_model for chunk in chunks])
 
     def forward_step(self, model, batch: dict):
+        from loong_core.engines.megatron.context_parallel import slice_batch
         from loong_vlm.loss import correct_predictions, token_losses
 
         visual = {key: batch[key] for key in VISUAL_KEYS if batch.get(key) is not None}
-        logits = model(batch["tokens"], batch["position_ids"], batch.get("attention_mask"),
+        # Under context parallelism tokens and positions stay whole: the composer places the
+        # vision features by the full token ids and megatron-core's rotary embedding takes the
+        # angles of this rank's chunks from the full (MRoPE) positions.
+        tokens, position_ids = batch["tokens"], batch["position_ids"]
+        batch = slice_batch(batch, _CP_KEYS)
+        logits = model(tokens, position_ids, batch.get("attention_mask"),
                        images=batch.get("images"), **visual)
         labels = batch["labels"]
         loss_mask = batch["loss_mask"].float()

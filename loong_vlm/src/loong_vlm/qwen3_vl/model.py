@@ -65,6 +65,7 @@ class Qwen3VLComposer(VisionLanguageModel):
                    if visual.get(key) is not None and visual[key].numel() > 0]
             placed = list(zip(ids, self._deepstack_features))
             addends = dense_addends(tokens, placed, self.config.hidden_size, embeddings.dtype)
+            addends = [self.local_sequence(addend) for addend in addends]  # CP: as the decoder input
             embeddings = self.deepstack.set(embeddings, addends)
         self._deepstack_features = []
         return embeddings
@@ -120,6 +121,13 @@ class Qwen3VLProvider(VLMProvider):
                 "with `loong convert hf-to-loong` at the uniform layout and start from it with "
                 "trainer.init_from (loong checkpoints load into any encoder layout).")
         load_hf_into_chunks(get_adapter("qwen3_vl"), self.config, chunks, self.config.init_from_hf)
+
+    def hf_parts(self, chunks: list[Any]):
+        """The :class:`~loong_llm.hf.load.HFParts` of ``model.init_from_hf`` (streaming converter)."""
+        from loong_llm.hf.load import HFParts
+        from loong_llm.hf.registry import get_adapter
+
+        return HFParts(get_adapter("qwen3_vl"), self.config, chunks, self.config.init_from_hf)
 
     def attach_adapters(self, chunks: list[Any]) -> None:
         """LoRA is not wired into the VLM yet (``loong convert`` asks every model)."""

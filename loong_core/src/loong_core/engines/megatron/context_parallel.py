@@ -54,8 +54,14 @@ def check_provider(provider, model_name: str) -> None:
             "set parallel.context_parallel_size=1.")
 
 
-def slice_batch(batch: dict) -> dict:
+def slice_batch(batch: dict, keys: tuple[str, ...] = SEQUENCE_KEYS) -> dict:
     """This rank's share of a decoder batch (the other keys are kept as they are).
+
+    Args:
+        batch: The micro batch (``tokens`` ``[b, s]`` gives the sequence length).
+        keys: The keys to slice: sequence on dim 1 (dim 2 of ``attention_mask``). Models that
+            need some of them at full length (a VLM places vision features by the full token
+            ids; MRoPE positions are sliced by megatron-core's rotary embedding) leave them out.
 
     A no-op without context parallelism. Raises:
         ConfigError: a sequence length that does not split into ``2 x CP`` chunks.
@@ -71,5 +77,32 @@ def slice_batch(batch: dict) -> dict:
         raise ConfigError(f"a batch of sequence length {seq} cannot be split into 2 x "
                           f"parallel.context_parallel_size = {2 * size} chunks; pad the sequences "
                           f"to a multiple of {2 * size}.")
-    sharded = get_batch_on_this_cp_rank({k: batch.get(k) for k in SEQUENCE_KEYS if k in batch})
+    sharded = get_batch_on_this_cp_rank({k: batch.get(k) for k in keys if k in batch})
     return {**batch, **sharded}
+
+
+def local_sequence(tensor, seq_dim: int):
+    """This rank's two load-balanced chunks (``r`` and ``2N - 1 - r``) of a full-length tensor.
+
+    The same layout as :func:`slice_batch`, for tensors built inside the model at full length
+    (a VLM's decoder input ``[s, b, h]`` after the vision features are placed, Qwen3-VL's
+    deepstack additions). Differentiable: the gradient of the other chunks is zero on this rank,
+    and megatron-core sums the gradients of replicated parameters over the CP group. A no-op
+    without context parallelism.
+
+    Args:
+        tensor: The full-length tensor.
+        seq_dim: Its sequence dimension (length a multiple of ``2 x CP``).
+    """
+    import torch
+    from megatron.core import parallel_state as ps
+
+    size = ps.get_context_parallel_world_size()
+    if size <= 1:  # 0: no process group (a model used outside training)
+        return tensor
+    rank = ps.get_context_parallel_rank()
+    shape = tensor.shape
+    chunks = tensor.reshape(*shape[:seq_dim], 2 * size, shape[seq_dim] // (2 * size), *shape[seq_dim + 1:])
+    index = torch.tensor([rank, 2 * size - 1 - rank], device=tensor.device)
+    local = chunks.index_select(seq_dim, index)
+    return local.reshape(*shape[:seq_dim], -1, *shape[seq_dim + 1:])
