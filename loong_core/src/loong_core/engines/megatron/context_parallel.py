@@ -97,12 +97,13 @@ def local_sequence(tensor, seq_dim: int):
     import torch
     from megatron.core import parallel_state as ps
 
+    from loong_core.engines.megatron.seam.context_parallel import local_chunks
+
     size = ps.get_context_parallel_world_size()
     if size <= 1:  # 0: no process group (a model used outside training)
         return tensor
-    rank = ps.get_context_parallel_rank()
     shape = tensor.shape
     chunks = tensor.reshape(*shape[:seq_dim], 2 * size, shape[seq_dim] // (2 * size), *shape[seq_dim + 1:])
-    index = torch.tensor([rank, 2 * size - 1 - rank], device=tensor.device)
+    index = torch.tensor(local_chunks(size, ps.get_context_parallel_rank()), device=tensor.device)
     local = chunks.index_select(seq_dim, index)
     return local.reshape(*shape[:seq_dim], -1, *shape[seq_dim + 1:])
