@@ -34,7 +34,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 import psutil
@@ -125,7 +124,7 @@ def main() -> None:
     gib, mib = 2**30, 2**20
     rows, skipped = [], []
     print(f"overrides: {' '.join(args.extra) or '(none)'}; steps {args.steps}; times on a shared 2-core machine")
-    print(f"| arm | seq | tokens/rank | peak GiB (per rank) | base GiB | act MiB | KiB/tok | step s | loss[-1] |")
+    print("| arm | seq | tokens/rank | peak GiB (per rank) | base GiB | act MiB | KiB/tok | step s | loss[-1] |")
     print("|---|---|---|---|---|---|---|---|---|")
     for arm in args.arms:
         cp, recompute = ARMS[arm]

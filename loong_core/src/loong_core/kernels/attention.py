@@ -4,7 +4,9 @@
   kernels on CUDA, the fused flash kernel on CPU), grouped-query attention with ``enable_gqa``
   (K/V are never repeated). Packed documents and vision windows (``segment_ids``) run as one SDPA
   call per group of equally long segments (varlen by bucketing; scattered segments are sorted
-  first), so no ``[s, s]`` mask exists.
+  first), so no ``[s, s]`` mask exists. Causal queries that end a longer key sequence (a
+  context-parallel chunk against its key prefix) run without a mask on CPU
+  (:mod:`loong_core.kernels.suffix_causal`).
 - ``flex``: FlexAttention under ``torch.compile`` with a block mask built from ``causal`` and
   ``segment_ids`` (block-sparse: fully masked blocks are skipped).
 
@@ -19,6 +21,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from loong_core.kernels import suffix_causal
 from loong_core.kernels.reference import combined_mask
 
 
@@ -51,6 +54,8 @@ def sdpa(q, k, v, *, causal: bool = True, segment_ids=None, mask=None, scale=Non
         if runs is not None:
             return _segments(q, k, v, runs, causal, scale, dropout_p)
         return _sorted_segments(q, k, v, segment_ids, causal, scale, dropout_p)
+    if suffix_causal.applies(q, k, causal, mask, segment_ids, dropout_p):
+        return suffix_causal.attention(q, k, v, scale=scale)
     if mask is not None or segment_ids is not None or (causal and sq != sk):
         allowed = combined_mask(sq, sk, q.device, causal, segment_ids, mask)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p,
