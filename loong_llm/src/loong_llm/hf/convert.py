@@ -1,11 +1,15 @@
 """Offline conversion HF <-> loong checkpoint (the work behind ``loong convert``).
 
-``hf-to-loong`` builds the model with the megatron engine at the requested TP / PP / EP (one
-process per rank, through torchrun when more than one), loads the HF tensors one at a time into
-each rank's shards and writes an iteration-0 loong checkpoint (model, fresh optimizer and
-scheduler) through the trainer's atomic checkpoint store, so it works with both
-``trainer.init_from=DST`` and ``trainer.resume=DST``. ``loong-to-hf`` loads any loong checkpoint
-into a one-rank model (dist_checkpointing reshards) and streams it out as safetensors shards.
+``hf-to-loong`` writes an iteration-0 loong checkpoint through the trainer's atomic checkpoint
+store. Weights only (the default, for ``trainer.init_from=DST``) at TP1 / PP1 / EP1 it streams: the
+model is built on the meta device and every HF tensor is read, transformed and written into the
+dist-checkpoint one at a time (:mod:`loong_llm.hf.stream_checkpoint`), in the source's dtype (a
+bf16 model stays bf16; an fp32 run loads it as fp32). Other layouts and ``--with-optimizer`` (a
+fresh optimizer and LR schedule, for ``trainer.resume=DST``) build the model with the engine, one
+process per rank through torchrun when more than one. ``loong-to-hf`` reads any loong checkpoint
+tensor by tensor (dist-checkpoint chunks reassembled for a meta TP1 model, so any saved layout
+works) and streams safetensors shards out; a LoRA run's checkpoint is loaded into a model to
+merge its adapters.
 """
 
 from __future__ import annotations
@@ -99,6 +103,47 @@ def schedule_config(overrides: dict | None):
             build_dataclass(TrainerConfig, overrides.get("trainer", {}), "trainer"))
 
 
+class _Streaming:
+    """Weights only, never holding the model: a meta-device model gives the checkpoint's
+    structure and each parameter is made from the HF files as the writer reaches it."""
+
+    def __init__(self, config, device, provider, dtype):
+        self.config, self.device, self.provider, self.dtype = config, device, provider, dtype
+
+    def init_parallel(self):
+        from loong_core.engines.megatron import parallel
+
+        parallel.initialize(self.config.parallel, self.config.trainer.seed)
+
+    def setup(self):
+        from loong_llm.hf.stream_checkpoint import build_meta_model
+
+        self.chunk = build_meta_model(self.provider, self.config.parallel, self.dtype)
+        self.parts = self.provider.hf_parts([self.chunk])
+
+    def save_checkpoint(self, directory, common_state):
+        from loong_llm.hf.stream_checkpoint import save_streaming
+
+        save_streaming(self.chunk, lambda local: self.parts.part((0, local)), directory, common_state)
+        logger.info("streamed %.1f MB from %s", self.parts.reader.bytes_read / 1e6,
+                    self.parts.hf_dir)
+
+    def rng_state(self):
+        from megatron.core import tensor_parallel
+
+        return {"tracker": tensor_parallel.get_cuda_rng_tracker().get_states()}
+
+    def shutdown(self):
+        from megatron.core import parallel_state as ps
+
+        ps.destroy_model_parallel()
+
+
+def can_stream(provider, tp: int, pp: int, ep: int, model_only: bool) -> bool:
+    """Whether ``hf-to-loong`` streams (weights only, one rank, a provider with ``hf_parts``)."""
+    return model_only and tp * pp * ep == 1 and hasattr(provider, "hf_parts")
+
+
 class _ModelOnly:
     """Just the model chunks (no DDP buffers, no optimizer): a checkpoint for ``init_from``."""
 
@@ -161,7 +206,11 @@ def hf_to_loong_rank(family: str, src: str, dst: str, tp: int, pp: int, ep: int,
                          parallel=ParallelConfig(tensor_model_parallel_size=tp,
                                                  pipeline_model_parallel_size=pp,
                                                  expert_model_parallel_size=ep))
-    engine = (_ModelOnly if model_only else MegatronEngine)(config, device, provider)
+    hf_dtype = SafetensorsReader(src).dtype()
+    if can_stream(provider, tp, pp, ep, model_only):
+        engine = _Streaming(config, device, provider, getattr(torch, hf_dtype))
+    else:
+        engine = (_ModelOnly if model_only else MegatronEngine)(config, device, provider)
     engine.init_parallel()
     engine.setup()  # builds the chunks and loads the HF weights into them
     if not model_only:
@@ -172,7 +221,7 @@ def hf_to_loong_rank(family: str, src: str, dst: str, tp: int, pp: int, ep: int,
         "layout": {"world_size": torch.distributed.get_world_size(), "tp": tp, "pp": pp,
                    "vpp": None, "ep": ep},
         "name": config.name, "model": model, "hf_config": read_hf_config(src),
-        "hf_dtype": SafetensorsReader(src).dtype(), "converted_from": str(Path(src).resolve()),
+        "hf_dtype": hf_dtype, "converted_from": str(Path(src).resolve()),
         "model_only": model_only,
     }
     rng = {"python": random.getstate(), "numpy": np.random.get_state(),
@@ -283,7 +332,6 @@ def loong_to_hf(src: str, dst: str, dtype: str | None = None) -> dict:
     """
     import torch
 
-    from loong_core.checkpoint.restricted import mcore_load
     from loong_core.config.schema import ParallelConfig
     from loong_core.config.validate import build_dataclass
     from loong_core.engines.megatron import parallel
@@ -304,25 +352,53 @@ def loong_to_hf(src: str, dst: str, dtype: str | None = None) -> dict:
     provider = entry.load()(cfg)
     p = ParallelConfig()
     parallel.initialize(p, seed=0)
-    model = provider.build_megatron_model(provider.megatron_config(parallel.transformer_kwargs(p)),
-                                          pre_process=True, post_process=True, vp_stage=None)
-    provider.attach_adapters([model])  # a LoRA run's checkpoint holds its adapters
-    loaded = mcore_load({"model": model.sharded_state_dict()}, src_path)
-    model.load_state_dict(loaded["model"], strict=True)
     lora = getattr(cfg, "lora", None) or getattr(getattr(cfg, "foundation", None), "lora", None)
+    out_dtype = dtype or hf_dtype or "bfloat16"
     if lora is not None and lora.enabled:  # a VLM's LoRA lives in its foundation's config
-        from loong_llm.lora import merge_lora
+        written = _export_merged_lora(provider, p, adapter, cfg, src_path, dst, out_dtype, hf_base)
+    else:
+        from loong_llm.hf.stream_checkpoint import StreamedState, build_meta_model
 
-        merge_lora(model)  # HF gets plain weights: W + alpha/r * B A
-    with torch.no_grad():
-        written = export_state(adapter, cfg, model.state_dict(), dst,
-                               dtype or hf_dtype or "bfloat16", hf_base)
+        state = StreamedState(build_meta_model(provider, p, torch.float32), src_path)
+        try:
+            written = export_state(adapter, cfg, state, dst, out_dtype, hf_base)
+        finally:
+            state.close()
+    parallel_state_destroy()
     from loong_llm.hf.export_files import apply_umask, run_tokenizer_dir, write_support_files
 
     write_support_files(Path(dst), [extra, run_tokenizer_dir(src_path)],
                         getattr(cfg, "max_position_embeddings", None))
     apply_umask(Path(dst))
     return {"seconds": time.perf_counter() - started, "bytes": written}
+
+
+def parallel_state_destroy() -> None:
+    """Drop megatron-core's process groups (a later conversion in this process starts clean)."""
+    from megatron.core import parallel_state as ps
+
+    ps.destroy_model_parallel()
+
+
+def _export_merged_lora(provider, p, adapter, cfg, src_path: Path, dst: str, dtype: str,
+                        hf_base: dict | None) -> int:
+    """A LoRA run's checkpoint: load it into a real one-rank model, merge ``W + alpha/r * B A``
+    and export that (the adapters exist only in a built model)."""
+    import torch
+
+    from loong_core.checkpoint.restricted import mcore_load
+    from loong_core.engines.megatron import parallel
+    from loong_llm.hf.export import export_state
+    from loong_llm.lora import merge_lora
+
+    model = provider.build_megatron_model(provider.megatron_config(parallel.transformer_kwargs(p)),
+                                          pre_process=True, post_process=True, vp_stage=None)
+    provider.attach_adapters([model])
+    loaded = mcore_load({"model": model.sharded_state_dict()}, src_path)
+    model.load_state_dict(loaded["model"], strict=True)
+    merge_lora(model)
+    with torch.no_grad():
+        return export_state(adapter, cfg, model.state_dict(), dst, dtype, hf_base)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,12 +19,14 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 @torch.no_grad()
 def export_state(adapter, cfg, state: dict, out_dir: str | Path, dtype: str = "bfloat16",
                  hf_config_base: dict | None = None, max_shard_bytes: int = 2 * 2**30) -> int:
-    """Write ``state`` (global loong names -> full tensors) as HF safetensors + config.json.
+    """Write ``state`` (global loong names -> full tensors) as HF safetensors + config.json,
+    each tensor to disk as soon as it is made.
 
     Args:
         adapter: The family's :class:`~loong_llm.hf.adapter.HFAdapter`.
         cfg: The model config.
-        state: Full tensors by global loong name (a TP1 / PP1 / EP1 model's state dict).
+        state: Full tensors by global loong name (a TP1 / PP1 / EP1 model's state dict, or a
+            :class:`~loong_llm.hf.stream_checkpoint.StreamedState` that reads each on access).
         out_dir: Target directory.
         dtype: Storage dtype (``float32``, ``bfloat16``, ``float16``).
         hf_config_base: config.json of the source model, kept where loong has no say.
@@ -36,16 +38,26 @@ def export_state(adapter, cfg, state: dict, out_dir: str | Path, dtype: str = "b
     if dtype not in DTYPES:
         raise CheckpointError(f"dtype {dtype!r} is not supported; choices: {', '.join(DTYPES)}.")
     rules = adapter.rule_set(cfg)
-    writer = ShardWriter(out_dir, max_shard_bytes)
-    names = [n for n in state if torch.is_tensor(state[n]) and not n.endswith(("_extra_state",
-                                                                                "local_tokens_per_expert"))]
-    progress = Progress(len(names), f"writing {out_dir}")
+    names = [n for n in state if not n.endswith(("_extra_state", "local_tokens_per_expert"))]
+    matched = {}
     for name in names:
         try:
-            rule, hf_names = rules.match(name)
+            matched[name] = rules.match(name)
         except KeyError:
             raise CheckpointError(f"no HF mapping for {name!r} in the '{adapter.family}' "
                                   f"family.") from None
+    # The layout first (shapes from meta tensors), so that every tensor is written as it is made.
+    meta = state.meta if hasattr(state, "meta") else (lambda n: state[n].to("meta"))
+    plan = []
+    for name in names:
+        rule, hf_names = matched[name]
+        if rule.export:
+            plan += [(h, tuple(t.shape), DTYPES[dtype])
+                     for h, t in zip(hf_names, rules.to_hf(rule, meta(name)))]
+    writer = ShardWriter(out_dir, plan, max_shard_bytes)
+    progress = Progress(len(names), f"writing {out_dir}")
+    for name in names:
+        rule, hf_names = matched[name]
         if rule.export:
             for hf_name, tensor in zip(hf_names, rules.to_hf(rule, state[name])):
                 writer.add(hf_name, tensor.to(DTYPES[dtype]))

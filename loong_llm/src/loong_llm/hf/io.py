@@ -14,30 +14,54 @@ logger = logging.getLogger(__name__)
 INDEX = "model.safetensors.index.json"
 
 
+_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
+           "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
+_WIDTH = {"F64": 8, "F32": 4, "I64": 8, "I32": 4, "BF16": 2, "F16": 2, "I16": 2, "U8": 1, "I8": 1,
+          "BOOL": 1}
+
+
+def read_header(path: Path) -> tuple[dict, int]:
+    """``({name: {"dtype", "shape", "data_offsets"}}, data start)`` of a safetensors file."""
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) != 8:
+            raise CheckpointError(f"{path} is not a safetensors file (shorter than its header).")
+        length = int.from_bytes(head, "little")
+        try:
+            header = json.loads(f.read(length))
+        except ValueError:
+            raise CheckpointError(f"{path} is not a safetensors file (bad header).") from None
+    header.pop("__metadata__", None)
+    return header, 8 + length
+
+
 class SafetensorsReader:
-    """Tensors of an HF directory by name, read one at a time with ``safe_open``.
+    """Tensors of an HF directory by name, read one at a time.
+
+    Each tensor is read with one positioned read into its own buffer (no memory map), so the
+    process holds only the tensors it still uses: reading a whole checkpoint does not leave the
+    files' pages mapped into it.
 
     Args:
         hf_dir: Directory with ``model.safetensors`` or ``model.safetensors.index.json`` + shards.
     """
 
     def __init__(self, hf_dir: str | Path):
-        from safetensors import safe_open
-
         self.dir = Path(hf_dir)
         index = self.dir / INDEX
         if index.is_file():
-            weight_map = json.loads(index.read_text())["weight_map"]
-            files = sorted(set(weight_map.values()))
+            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         else:
             files = sorted(p.name for p in self.dir.glob("*.safetensors"))
-            weight_map = None
         if not files:
             raise CheckpointError(f"{self.dir} has no *.safetensors files.")
-        self._handles = {f: safe_open(str(self.dir / f), framework="pt") for f in files}
-        if weight_map is None:
-            weight_map = {k: f for f, h in self._handles.items() for k in h.keys()}
-        self.weight_map = weight_map
+        self._entries: dict[str, tuple[str, dict, int]] = {}
+        for name in files:
+            header, start = read_header(self.dir / name)
+            for key, entry in header.items():
+                self._entries[key] = (name, entry, start)
+        self.weight_map = {k: v[0] for k, v in self._entries.items()}
+        self._fds: dict[str, int] = {}
         self.bytes_read = 0
 
     def keys(self) -> list[str]:
@@ -46,84 +70,160 @@ class SafetensorsReader:
 
     def get_size(self, name: str) -> int:
         """Bytes of tensor ``name`` (from the header; nothing is read)."""
-        import math
-
-        sl = self._handles[self.weight_map[name]].get_slice(name)
-        width = {"F64": 8, "F32": 4, "I64": 8, "I32": 4, "BF16": 2, "F16": 2, "I16": 2,
-                 "U8": 1, "I8": 1, "BOOL": 1}.get(sl.get_dtype(), 4)
-        return math.prod(sl.get_shape()) * width
+        _, entry, _ = self._entries[name]
+        begin, end = entry["data_offsets"]
+        return end - begin
 
     def __contains__(self, name: str) -> bool:
         return name in self.weight_map
 
     def get(self, name: str):
         """The tensor ``name`` (loaded now; nothing is cached)."""
+        import os
+
+        import torch
+
         try:
-            handle = self._handles[self.weight_map[name]]
+            file, entry, start = self._entries[name]
         except KeyError:
             raise CheckpointError(f"tensor {name!r} is not in {self.dir} (a checkpoint of another "
                                   f"family or size?).") from None
-        tensor = handle.get_tensor(name)
-        self.bytes_read += tensor.numel() * tensor.element_size()
-        return tensor
+        kind = entry["dtype"]
+        if kind not in _DTYPES:
+            raise CheckpointError(f"{self.dir / file}: tensor {name!r} has dtype {kind}, which loong "
+                                  f"does not read ({', '.join(_DTYPES)}).")
+        begin, end = entry["data_offsets"]
+        shape = entry["shape"]
+        numel = 1
+        for dim in shape:
+            numel *= dim
+        if end - begin != numel * _WIDTH[kind]:
+            raise CheckpointError(f"{self.dir / file}: tensor {name!r} has {end - begin} bytes, its "
+                                  f"shape {shape} and dtype {kind} need {numel * _WIDTH[kind]}.")
+        fd = self._fds.get(file)
+        if fd is None:
+            fd = self._fds[file] = os.open(self.dir / file, os.O_RDONLY)
+        buffer = bytearray(end - begin)
+        view, done = memoryview(buffer), 0
+        while done < len(buffer):
+            got = os.preadv(fd, [view[done:]], start + begin + done)
+            if got <= 0:
+                raise CheckpointError(f"{self.dir / file} is truncated (tensor {name!r}).")
+            done += got
+        dtype = getattr(torch, _DTYPES[kind])
+        tensor = (torch.frombuffer(buffer, dtype=dtype) if buffer else torch.empty(0, dtype=dtype))
+        self.bytes_read += len(buffer)
+        return tensor.reshape(shape)
 
     def dtype(self):
         """The dtype of the first floating tensor (the checkpoint's storage dtype)."""
         for name in self.keys():
-            handle = self._handles[self.weight_map[name]]
-            t = handle.get_slice(name)
-            if t.get_dtype() in ("BF16", "F16", "F32", "F64"):
-                return {"BF16": "bfloat16", "F16": "float16", "F32": "float32",
-                        "F64": "float64"}[t.get_dtype()]
+            kind = self._entries[name][1]["dtype"]
+            if kind in ("BF16", "F16", "F32", "F64"):
+                return _DTYPES[kind]
         return "float32"
+
+    def close(self) -> None:
+        """Close the files."""
+        import os
+
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown
+            pass
+
+
+_CODES = {v: k for k, v in _DTYPES.items()}
 
 
 class ShardWriter:
-    """Writes tensors into ``model-0000k-of-0000n.safetensors`` shards of at most ``max_bytes``,
-    plus the index; only one shard is held in memory.
+    """Streams tensors into ``model-0000k-of-0000n.safetensors`` shards of at most ``max_bytes``
+    (``model.safetensors`` when one), plus the index. The shards are laid out from ``plan`` before
+    anything is written, so each tensor goes to disk when added and nothing is held.
 
     Args:
         out_dir: Target directory (created).
+        plan: ``(name, shape, dtype)`` of every tensor, in the order they will be added.
         max_bytes: Shard size limit.
     """
 
-    def __init__(self, out_dir: str | Path, max_bytes: int = 2 * 2**30):
+    def __init__(self, out_dir: str | Path, plan: list[tuple[str, tuple, object]],
+                 max_bytes: int = 2 * 2**30):
         self.dir = Path(out_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.max_bytes = max_bytes
-        self._pending: dict = {}
-        self._pending_bytes = 0
-        self._shards: list[list[str]] = []
+        self._shards: list[list[tuple[str, tuple, str, int]]] = []
+        size_of_shard = 0
+        for name, shape, dtype in plan:
+            code = _CODES[str(dtype).removeprefix("torch.")]
+            numel = 1
+            for dim in shape:
+                numel *= dim
+            size = numel * _WIDTH[code]
+            if not self._shards or (self._shards[-1] and size_of_shard + size > max_bytes):
+                self._shards.append([])
+                size_of_shard = 0
+            self._shards[-1].append((name, tuple(shape), code, size))
+            size_of_shard += size
+        self._order = [(k, entry) for k, shard in enumerate(self._shards) for entry in shard]
+        self._next = 0
+        self._file = None
         self.bytes_written = 0
 
+    def _tmp(self, k: int) -> Path:
+        return self.dir / f"shard-{k:05d}.tmp"
+
+    def _open(self, k: int) -> None:
+        header, offset = {"__metadata__": {"format": "pt"}}, 0
+        for name, shape, code, size in self._shards[k]:
+            header[name] = {"dtype": code, "shape": list(shape), "data_offsets": [offset, offset + size]}
+            offset += size
+        raw = json.dumps(header, separators=(",", ":")).encode()
+        raw += b" " * (-len(raw) % 8)  # the data start 8-byte aligned, as safetensors writes them
+        self._file = open(self._tmp(k), "wb")
+        self._file.write(len(raw).to_bytes(8, "little") + raw)
+
     def add(self, name: str, tensor) -> None:
-        """Queue one tensor (a contiguous copy); flushes a shard when full."""
-        size = tensor.numel() * tensor.element_size()
-        if self._pending and self._pending_bytes + size > self.max_bytes:
-            self._flush()
-        self._pending[name] = tensor.contiguous().clone()
-        self._pending_bytes += size
+        """Write the next planned tensor (it must match the plan's name, shape and dtype)."""
+        import torch
 
-    def _flush(self) -> None:
-        from safetensors.torch import save_file
-
-        index = len(self._shards)
-        save_file(self._pending, str(self.dir / f"shard-{index:05d}.tmp"), metadata={"format": "pt"})
-        self._shards.append(sorted(self._pending))
-        self.bytes_written += self._pending_bytes
-        self._pending, self._pending_bytes = {}, 0
+        if self._next >= len(self._order):
+            raise CheckpointError(f"internal: tensor {name!r} was not planned for {self.dir}.")
+        k, (planned, shape, code, size) = self._order[self._next]
+        if (name, tuple(tensor.shape), _DTYPES[code]) != (planned, shape,
+                                                          str(tensor.dtype).removeprefix("torch.")):
+            raise CheckpointError(f"internal: {self.dir} expected {planned} {shape} {_DTYPES[code]}, "
+                                  f"got {name} {tuple(tensor.shape)} {tensor.dtype}.")
+        if self._file is None or (self._next > 0 and self._order[self._next - 1][0] != k):
+            if self._file is not None:
+                self._file.close()
+            self._open(k)
+        if size:
+            self._file.write(tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy())
+        self.bytes_written += size
+        self._next += 1
 
     def close(self) -> None:
-        """Write the last shard, name the shards and write the index (for more than one)."""
-        if self._pending or not self._shards:
-            self._flush()
+        """Close the last shard, name the shards and write the index (for more than one)."""
+        if self._next != len(self._order):
+            raise CheckpointError(f"internal: {len(self._order) - self._next} planned tensors were "
+                                  f"not written to {self.dir}.")
+        if not self._shards:  # nothing planned: one empty file, as before
+            self._shards.append([])
+        if self._file is None:
+            self._open(0)
+        self._file.close()
         n = len(self._shards)
         names = (["model.safetensors"] if n == 1 else
                  [f"model-{k + 1:05d}-of-{n:05d}.safetensors" for k in range(n)])
         weight_map = {}
-        for k, (keys, name) in enumerate(zip(self._shards, names)):
-            (self.dir / f"shard-{k:05d}.tmp").rename(self.dir / name)
-            weight_map.update({key: name for key in keys})
+        for k, name in enumerate(names):
+            self._tmp(k).rename(self.dir / name)
+            weight_map.update({entry[0]: name for entry in self._shards[k]})
         if n > 1:
             (self.dir / INDEX).write_text(json.dumps(
                 {"metadata": {"total_size": self.bytes_written}, "weight_map": weight_map}, indent=2))

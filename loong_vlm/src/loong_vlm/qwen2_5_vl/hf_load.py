@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import logging
 import re
-import time
 
 import torch
 
-from loong_core.errors import CheckpointError
 from loong_llm.hf.io import SafetensorsReader
-from loong_llm.hf.load import SKIP, _tp
+from loong_llm.hf.load import SKIP, HFParts, _tp, copy_parts
 
 logger = logging.getLogger(__name__)
 
@@ -59,36 +57,24 @@ def global_vlm_names(chunk) -> dict[str, str]:
     return names
 
 
-@torch.no_grad()
+class VLMParts(HFParts):
+    """:class:`~loong_llm.hf.load.HFParts` of a composed VLM: published names, the foundation's
+    global layer indices, and an encoder whose TP size may divide the foundation's (blocks of
+    consecutive ranks)."""
+
+    def __init__(self, adapter, cfg, chunks: list, hf_dir: str):
+        super().__init__(adapter, cfg, chunks, hf_dir, reader=PublishedNamesReader(hf_dir),
+                         names=global_vlm_names)
+
+    def shard_args(self, glob: str, target, full) -> tuple[int | None, int, int]:
+        partition_dim, rank, size = _tp(glob, target)
+        if partition_dim is not None and glob.startswith(_VISION):
+            size = full.shape[partition_dim] // target.shape[partition_dim]
+            rank = rank % size
+        return partition_dim, rank, size
+
+
 def load_hf_into_vlm_chunks(adapter, cfg, chunks: list, hf_dir: str) -> None:
     """Copy the HF weights of ``hf_dir`` into every parameter of ``chunks`` (each must be covered
     by the adapter's rules), reading one HF tensor at a time."""
-    started = time.perf_counter()
-    reader = PublishedNamesReader(hf_dir)
-    rules = adapter.rule_set(cfg)
-    count = 0
-    for chunk in chunks:
-        params = chunk.state_dict(keep_vars=True)
-        for local, name in global_vlm_names(chunk).items():
-            target = params[local]
-            try:
-                rule, hf_names = rules.match(name)
-            except KeyError:
-                raise CheckpointError(f"no HF mapping for parameter {name!r} of the '{adapter.family}' "
-                                      f"model (a config option its adapter does not cover).") from None
-            partition_dim, rank, size = _tp(name, target)
-            rows = target.shape[0] * size if rule.kind == "vocab" else None
-            full = rules.to_loong(rule, [reader.get(n) for n in hf_names], rows=rows)
-            if partition_dim is not None and name.startswith(_VISION):
-                # the encoder's own TP size may divide the foundation's (blocks of consecutive ranks)
-                size = full.shape[partition_dim] // target.shape[partition_dim]
-                rank = rank % size
-            part = rules.shard(rule, full, partition_dim, rank, size)
-            if part.shape != target.shape:
-                raise CheckpointError(f"{name}: HF tensors {hf_names} give shape {tuple(part.shape)} on "
-                                      f"this rank, the model has {tuple(target.shape)}; the config does "
-                                      f"not match {hf_dir}/config.json.")
-            target.data.copy_(part.to(target.dtype))
-            count += 1
-    logger.info("loaded %d tensors (%.1f MB read) from %s in %.1fs", count, reader.bytes_read / 1e6,
-                hf_dir, time.perf_counter() - started)
+    copy_parts(VLMParts(adapter, cfg, chunks, hf_dir))

@@ -56,6 +56,14 @@ class Qwen25VLProvider(VLMProvider):
         load_hf_into_vlm_chunks(get_adapter(self.family), self.config, chunks, self.config.init_from_hf)
         self.attach_adapters(chunks)
 
+    def hf_parts(self, chunks: list[Any]):
+        """The :class:`~loong_vlm.qwen2_5_vl.hf_load.VLMParts` of ``model.init_from_hf``
+        (streaming converter)."""
+        from loong_llm.hf.registry import get_adapter
+        from loong_vlm.qwen2_5_vl.hf_load import VLMParts
+
+        return VLMParts(get_adapter(self.family), self.config, chunks, self.config.init_from_hf)
+
     def attach_adapters(self, chunks: list[Any]) -> None:
         """The foundation's LoRA adapters (``model.foundation.lora``), if enabled."""
         self.foundation.attach_adapters([chunk.language_model for chunk in chunks])

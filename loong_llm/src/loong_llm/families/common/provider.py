@@ -148,6 +148,14 @@ class DecoderProvider(ModelProvider):
             load_hf_into_chunks(get_adapter(self.family), self.config, chunks, self.config.init_from_hf)
         self.attach_adapters(chunks)
 
+    def hf_parts(self, chunks: list[Any]):
+        """The :class:`~loong_llm.hf.load.HFParts` of ``model.init_from_hf`` for ``chunks`` (the
+        streaming converter fills a checkpoint from it without loading the model)."""
+        from loong_llm.hf.load import HFParts
+        from loong_llm.hf.registry import get_adapter
+
+        return HFParts(get_adapter(self.family), self.config, chunks, self.config.init_from_hf)
+
     def attach_adapters(self, chunks: list[Any]) -> None:
         """Add the LoRA adapters of ``model.lora`` to every chunk (nothing when disabled)."""
         if not self.config.lora.enabled:

@@ -18,10 +18,11 @@ def inv_freq(head_dim: int, base: float, scaling) -> torch.Tensor:
 
     ``llama3`` keeps short wavelengths, divides long ones by ``factor`` and interpolates smoothly
     between ``original_max_position_embeddings / high_freq_factor`` and ``/ low_freq_factor``.
+    Computed on the CPU whatever the default device (a model built on the meta device).
     """
     import torch
 
-    freqs = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    freqs = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim))
     if scaling is None or scaling.rope_type == "default":
         return freqs
     if scaling.rope_type != "llama3":
