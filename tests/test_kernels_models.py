@@ -1,7 +1,8 @@
 """Whole models train the same with the Triton kernels (in Triton's interpreter) as with torch.
 
 llama_debug with every Triton op for 5 steps at TP1 and TP2+SP, and qwen2_5_vl_debug with the
-MRoPE rotary kernel, and dit_digits' DiT with the adaLN modulation kernel (torch engine) follow the
+MRoPE rotary kernel, dit_digits' DiT with the adaLN modulation kernel and pi05_debug with the
+RMSNorm, SwiGLU and RoPE kernels in its transformers backbone (torch engine) follow the
 ``kernels=torch`` loss curve within 1e-5 (fp32).
 """
 
@@ -74,3 +75,29 @@ def test_dit_digits_with_the_modulation_kernel_follows_torch(tmp_path):
     overrides = ["experiment=dit_digits", "trainer.train_iters=3", "trainer.micro_batch_size=8",
                  "trainer.global_batch_size=8", *QUIET, *NO_SAVE]
     _assert_same_curve(_curves(tmp_path, "dit", overrides, ["layer_norm_modulate"]), 3)
+
+
+def test_pi05_with_the_norm_mlp_and_rope_kernels_follows_torch(tmp_path):
+    """pi05_debug (torch engine, a transformers Llama backbone): its RMSNorms, SiLU-gated MLPs
+    (backbone and action expert) and rotary embedding on the Triton kernels."""
+    pytest.importorskip("loong_embodied")
+    pytest.importorskip("transformers")
+    from pathlib import Path
+
+    data = Path(__file__).resolve().parents[1] / "loong_embodied" / "tests" / "data" / "lerobot_metaworld_v3"
+    overrides = ["experiment=pi05_debug", f"data.path={data}", "trainer.train_iters=3", *QUIET, *NO_SAVE]
+    ops = ["rms_norm", "swiglu", "rope"]
+    curves = {}
+    for backend in ("triton", "torch"):
+        run_dir = tmp_path / f"pi05_{backend}"
+        result = run_train([*overrides, *_kernels(backend, ops), f"trainer.run_dir={run_dir}"],
+                           env=INTERPRET if backend == "triton" else None)
+        log = result.stdout + result.stderr
+        if backend == "triton":  # the modules were replaced (plain ops keep transformers' own)
+            for what in ("3 RMSNorm modules use rms_norm=triton", "1 gated MLP modules use swiglu=triton",
+                         "1 rotary modules use rope=triton"):
+                assert what in log, log[-3000:]
+        else:
+            assert "modules use" not in log
+        curves[backend] = losses(run_dir)
+    _assert_same_curve(curves, 3)

@@ -5,9 +5,19 @@
   ``torch.nn.RMSNorm``, ...) by :class:`SeamRMSNorm` when ``kernels.rms_norm`` is not the plain
   ``torch``; the parameter (``weight``) is the same object, so state dicts and checkpoints do
   not change. The torch engine calls it on every model it builds.
+  It also replaces their SiLU-gated MLPs (``LlamaMLP``, ``Qwen2MLP``, ...: ``gate_proj`` /
+  ``up_proj`` / ``down_proj`` and a SiLU ``act_fn``) by :class:`SeamGatedMLP` when ``swiglu``
+  is not plain, and routes their rotate-half RoPE through ``kernels.rope`` when ``rope`` is not
+  plain (:mod:`loong_core.kernels.hf_rope`).
+- :func:`gated_mlp`: ``down(silu(gate(x)) * up(x))``, through ``kernels.swiglu`` when that op is
+  not plain (loong's own gated MLPs call it too).
 - :func:`norm_modulate`: ``norm(x) * (1 + scale) + shift`` of loong's own DiTs and action heads,
   fused as ``kernels.layer_norm_modulate`` when that op is not plain (bit-identical to the
   plain expression otherwise).
+
+Not replaced (the ops compute something else): Gemma's ``1 + weight`` RMSNorm and gelu-tanh gated
+MLP, diffusers' GELU feed-forwards and complex / interleaved RoPE, RoPE with an attention scaling
+(YaRN, LongRoPE), transformers' multimodal RoPE functions.
 """
 
 from __future__ import annotations
@@ -15,6 +25,7 @@ from __future__ import annotations
 import logging
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from loong_core import kernels
@@ -61,27 +72,82 @@ def _rms_norm_eps(module: nn.Module) -> float | None:
     return None
 
 
+def gated_mlp(gate_proj: nn.Module, up_proj: nn.Module, down_proj: nn.Module,
+              x: torch.Tensor) -> torch.Tensor:
+    """``down_proj(silu(gate_proj(x)) * up_proj(x))``, the activation through ``kernels.swiglu``
+    when that op is not plain (the op reads ``[gate; up]``, so the two projections are
+    concatenated; the plain path is the unfused expression, bit for bit)."""
+    if kernels.is_plain("swiglu"):
+        return down_proj(F.silu(gate_proj(x)) * up_proj(x))
+    return down_proj(kernels.get("swiglu")(torch.cat([gate_proj(x), up_proj(x)], dim=-1)))
+
+
+class SeamGatedMLP(nn.Module):
+    """A SiLU-gated MLP through :func:`gated_mlp`, holding another MLP's three projections (the
+    same modules: state-dict keys and checkpoints do not change)."""
+
+    def __init__(self, gate_proj: nn.Module, up_proj: nn.Module, down_proj: nn.Module):
+        super().__init__()
+        self.gate_proj, self.up_proj, self.down_proj = gate_proj, up_proj, down_proj
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return gated_mlp(self.gate_proj, self.up_proj, self.down_proj, x)
+
+    def extra_repr(self) -> str:
+        return f"backend={kernels.backend('swiglu')}"
+
+
+_MLP_CHILDREN = {"gate_proj", "up_proj", "down_proj", "act_fn"}
+
+
+def _is_silu_gated_mlp(module: nn.Module) -> bool:
+    """Whether ``module`` is a transformers-style ``down(act(gate(x)) * up(x))`` MLP with SiLU."""
+    if not type(module).__name__.endswith("MLP") or isinstance(module, SeamGatedMLP):
+        return False
+    children = dict(module.named_children())
+    if set(children) != _MLP_CHILDREN:
+        return False
+    if not all(isinstance(children[n], nn.Linear) for n in ("gate_proj", "up_proj", "down_proj")):
+        return False
+    return type(children["act_fn"]).__name__ in ("SiLU", "SiLUActivation")
+
+
+def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, new)
+
+
 def swap_modules(model: nn.Module) -> list[str]:
-    """Replace the RMSNorms of ``model`` by seam-backed ones (nothing when ``rms_norm`` is plain).
+    """Route the RMSNorms, SiLU-gated MLPs and rotate-half RoPE of ``model`` through the seam,
+    for each op that is not plain (nothing changes when all three are).
 
     Returns:
-        The qualified names of the replaced modules.
+        The qualified names of the replaced or hooked modules.
     """
-    if kernels.is_plain("rms_norm"):
-        return []
-    replaced = []
+    replaced: dict[str, list[str]] = {"rms_norm": [], "swiglu": [], "rope": []}
     for name, module in list(model.named_modules()):
-        eps = _rms_norm_eps(module)
-        if eps is None or not name:
+        if not name:
             continue
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, SeamRMSNorm(module.weight, eps))
-        replaced.append(name)
-    if replaced:
-        logger.info("kernels: %d RMSNorm modules use rms_norm=%s", len(replaced),
-                    kernels.backend("rms_norm"))
-    return replaced
+        if not kernels.is_plain("rms_norm"):
+            eps = _rms_norm_eps(module)
+            if eps is not None:
+                _replace(model, name, SeamRMSNorm(module.weight, eps))
+                replaced["rms_norm"].append(name)
+                continue
+        if not kernels.is_plain("swiglu") and _is_silu_gated_mlp(module):
+            _replace(model, name, SeamGatedMLP(module.gate_proj, module.up_proj, module.down_proj))
+            replaced["swiglu"].append(name)
+    if not kernels.is_plain("rope"):
+        from loong_core.kernels.hf_rope import route_rotary
+
+        replaced["rope"] = route_rotary(model)
+    for op, names in replaced.items():
+        if names:
+            logger.info("kernels: %d %s modules use %s=%s", len(names),
+                        {"rms_norm": "RMSNorm", "swiglu": "gated MLP", "rope": "rotary"}[op], op,
+                        kernels.backend(op))
+    return [name for names in replaced.values() for name in names]
 
 
 def norm_modulate(norm: nn.LayerNorm, x: torch.Tensor, shift: torch.Tensor,

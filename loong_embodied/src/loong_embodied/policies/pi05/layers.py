@@ -11,18 +11,18 @@ once and reused for every Euler step at sampling time.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from loong_core import kernels
+from loong_core.kernels.hf_rope import rotary
+from loong_core.kernels.torch_modules import gated_mlp
 from loong_embodied.policies.common.conditioning import AdaRMSNorm
 
 
 def rotate(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """Rotary position embedding of queries or keys ``[B, H, L, D]`` with ``(cos, sin)`` ``[B, L, D]``."""
-    cos, sin = rope[0][:, None], rope[1][:, None]
-    first, second = x.chunk(2, dim=-1)
-    return x * cos + torch.cat([-second, first], dim=-1) * sin
+    """Rotary position embedding of queries or keys ``[B, H, L, D]`` with ``(cos, sin)`` ``[B, L, D]``
+    (through ``kernels.rope`` when that op is not plain)."""
+    return rotary(x, rope[0], rope[1])
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
@@ -64,7 +64,7 @@ class ExpertLayer(nn.Module):
         k, v = torch.cat([prefix_kv[0], k], dim=2), torch.cat([prefix_kv[1], v], dim=2)
         x = x + gate * self.o_proj(attend(q, k, v, allowed))
         h, gate = self.mlp_norm(x, cond)
-        return x + gate * self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+        return x + gate * gated_mlp(self.gate_proj, self.up_proj, self.down_proj, h)
 
 
 class JointLayer(nn.Module):
