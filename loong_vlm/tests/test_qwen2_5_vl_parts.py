@@ -77,3 +77,27 @@ def test_merger_turns_each_four_patches_into_one_token(mcore_single_rank):
     assert torch.allclose(merger(features[4:8]), out[1:2], atol=1e-6)  # a token sees its own block only
     with pytest.raises(ValueError, match="10 patches do not form whole 4-patch merge blocks"):
         merger(features[:10])
+
+
+def test_long_videos_are_encoded_in_groups_of_whole_frames(mcore_single_rank, monkeypatch):
+    from loong_vlm.qwen2_5_vl import vision
+    from loong_vlm.qwen2_5_vl.config import Qwen25ViTConfig
+
+    frames = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2, 2, 3])
+    assert vision.frame_groups(frames, 5) == [slice(0, 5), slice(5, 10)]
+    assert vision.frame_groups(frames, 3) == [slice(0, 3), slice(3, 5), slice(5, 9), slice(9, 10)]
+    assert vision.frame_groups(frames, 100) == [slice(0, 10)]
+
+    torch.manual_seed(0)
+    cfg = Qwen25ViTConfig(name="qwen2_5_vit", patch_size=4, num_layers=2, hidden_size=32,
+                          num_attention_heads=2, ffn_hidden_size=48, window_size=8,
+                          fullatt_block_indexes=[1])
+    encoder = vision.Qwen25VisionEncoder(cfg, {})
+    grid = torch.tensor([[2, 4, 4], [6, 4, 8]])  # an image and a 6-frame video: 32 + 192 patches
+    pixels = torch.randn(224, cfg.patch_dim(), requires_grad=True)
+    whole = encoder(pixels, grid)
+    (grad_whole,) = torch.autograd.grad(whole.square().sum(), pixels)
+    monkeypatch.setattr(vision, "GROUP_PATCHES", 40)  # groups of one or two frames
+    grouped = encoder(pixels, grid)
+    (grad_grouped,) = torch.autograd.grad(grouped.square().sum(), pixels)
+    assert torch.allclose(grouped, whole, atol=1e-5) and torch.allclose(grad_grouped, grad_whole, atol=1e-5)

@@ -66,6 +66,29 @@ def block_mask(ids: torch.Tensor) -> torch.Tensor:
     return (ids[:, None] != ids[None, :])[None, None]
 
 
+#: Patches encoded together at most (more only when one frame has more): bounds the block masks.
+GROUP_PATCHES = 8192
+
+
+def frame_groups(frames: torch.Tensor, budget: int) -> list[slice]:
+    """Consecutive runs of whole frames of at most ``budget`` patches each (a larger frame is a
+    run of its own).
+
+    Args:
+        frames: ``[n]`` frame number of every patch, non-decreasing (:func:`patch_positions`).
+        budget: Patches per run.
+    """
+    counts = torch.unique_consecutive(frames, return_counts=True)[1].tolist()
+    groups, start, size = [], 0, 0
+    for count in counts:
+        if size and size + count > budget:
+            groups.append(slice(start, start + size))
+            start, size = start + size, 0
+        size += count
+    groups.append(slice(start, start + size))
+    return groups
+
+
 class Qwen25VisionEncoder(MegatronModule):
     """Patch embedding (a Conv3d with stride = kernel, i.e. a linear map of each flattened patch)
     + megatron-core transformer layers (RMSNorm, SwiGLU with biases, tensor parallel attention /
@@ -114,10 +137,20 @@ class Qwen25VisionEncoder(MegatronModule):
         if positions.shape[0] != pixel_values.shape[0]:
             raise ValueError(f"grid_thw describes {positions.shape[0]} patches but pixel_values has "
                              f"{pixel_values.shape[0]}.")
+        x = self.patch_embed(pixel_values.to(self.patch_embed.weight.dtype))[:, None, :]  # [n, 1, h]
+        # Attention never crosses a frame: whole frames are encoded in groups, so the masks stay
+        # [group, group] however long the video (the result equals one pass over all patches).
+        pieces = []
+        for group in frame_groups(positions[:, 0], GROUP_PATCHES):
+            pieces.append(self._encode(x[group], positions[group]))
+        return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+
+    def _encode(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Features ``[n, hidden]`` of embedded patches ``[n, 1, hidden]`` of whole frames."""
+        c = self.cfg
         rotary = rotary_angles(positions, c.hidden_size // c.num_attention_heads, c.rope_theta)
         full_mask = block_mask(positions[:, 0])
         window_mask = block_mask(window_ids(positions, c.spatial_merge_size, self.window_tokens))
-        x = self.patch_embed(pixel_values.to(self.patch_embed.weight.dtype))[:, None, :]  # [n, 1, h]
         for index, layer in enumerate(self.blocks.layers):
             mask = full_mask if index in c.fullatt_block_indexes else window_mask
             x, _ = layer(x, attention_mask=mask, rotary_pos_emb=rotary)
