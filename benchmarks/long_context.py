@@ -13,7 +13,9 @@ groups, vocabulary 512, fp32, micro-batch 1) of ``--steps`` steps at one sequenc
 Columns: ``peak`` is the largest peak resident set (``VmHWM``) over the ranks of the run, ``base``
 the same arm's peak at ``--base-seq`` tokens (imports, model, optimizer, data loader: what does not
 scale with the sequence), ``act`` = ``peak - base`` and ``KiB/tok`` = ``act`` per token a rank holds
-(``seq / CP``). Flat memory means ``KiB/tok`` does not grow down a column. ``step`` is the mean step
+(``seq / CP``), ``marg`` the growth of ``act`` per added token since the row above (the slope,
+free of the intercept that the base leaves). Flat memory means ``marg`` (and, as the intercept
+fades, ``KiB/tok``) does not grow down an arm. ``step`` is the mean step
 time of the steps after the first, in seconds (2 CPU cores shared by all ranks, and by whatever
 else runs on the machine: read the times as rough).
 
@@ -124,8 +126,8 @@ def main() -> None:
     gib, mib = 2**30, 2**20
     rows, skipped = [], []
     print(f"overrides: {' '.join(args.extra) or '(none)'}; steps {args.steps}; times on a shared 2-core machine")
-    print("| arm | seq | tokens/rank | peak GiB (per rank) | base GiB | act MiB | KiB/tok | step s | loss[-1] |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| arm | seq | tokens/rank | peak GiB (per rank) | base GiB | act MiB | KiB/tok | marg | step s | loss[-1] |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for arm in args.arms:
         cp, recompute = ARMS[arm]
         base = max(run(args.base_seq, cp, recompute, 2, args.extra)["peaks"])
@@ -141,6 +143,7 @@ def main() -> None:
             result = run(seq, cp, recompute, args.steps, args.extra)
             peak = max(result["peaks"])
             act = peak - base
+            marginal = "-" if previous is None else f"{(act - previous[1]) / 1024 / (tokens - previous[0]):.1f}"
             previous = (tokens, act)
             later = result["step_times"][1:] or result["step_times"]
             row = dict(arm=arm, seq=seq, tokens=tokens, peaks=result["peaks"], base=base, act=act,
@@ -148,7 +151,7 @@ def main() -> None:
             rows.append(row)
             per_rank = " / ".join(f"{p / gib:.2f}" for p in result["peaks"])
             print(f"| {arm} | {seq} | {tokens} | {per_rank} | {base / gib:.2f} | {act / mib:.0f} | "
-                  f"{act / 1024 / tokens:.1f} | {row['step']:.2f} | {row['loss']:.4f} |", flush=True)
+                  f"{act / 1024 / tokens:.1f} | {marginal} | {row['step']:.2f} | {row['loss']:.4f} |", flush=True)
     for line in skipped:
         print(f"skipped: {line}")
     if args.json:
