@@ -5,10 +5,15 @@ hits every arm alike:
 
 * ``loong``: ``loong train experiment=llama_shakespeare`` (megatron engine), step times from its
   ``metrics.jsonl``;
-* ``mcore``: a bare megatron-core loop written for this benchmark: ``GPTModel`` on the local spec,
-  megatron-core DDP, ``get_megatron_optimizer`` (Adam), ``get_forward_backward_func``, with the
-  same CPU redirects (``loong_core.devices.mcore_cpu``) and the same loss (sum over tokens,
-  ``calculate_per_token_loss``);
+* ``mcore``: a bare megatron-core loop written for this benchmark: ``GPTModel`` on the layer spec
+  loong builds (megatron-core's local spec passed through the kernel seam's
+  ``seam.spec.apply``: SDPA core attention, the seam's RoPE; kernels resolved as ``loong train``
+  resolves them), megatron-core DDP, ``get_megatron_optimizer`` (Adam),
+  ``get_forward_backward_func``, with the same CPU redirects (``loong_core.devices.mcore_cpu``)
+  and the same loss (sum over tokens, ``calculate_per_token_loss``): what is left between this arm
+  and ``loong`` is framework overhead;
+* ``mcore_local``: the same loop on megatron-core's own local spec (``DotProductAttention``, which
+  materialises the score matrix), for reference;
 * ``transformers``: ``LlamaForCausalLM`` (SDPA attention) + ``torch.optim.AdamW`` + clipping;
 * ``torchtitan``: its Llama 3 model + AdamW, when ``--torchtitan-python`` names an interpreter that
   has torchtitan (it needs packages loong does not; install it into a separate venv).
@@ -41,7 +46,7 @@ SIZES = {  # hidden, layers, heads, kv heads, ffn, seq, micro batch
 }
 VOCAB = 4096
 OPTIM = dict(lr=2.0e-3, weight_decay=0.1, beta1=0.9, beta2=0.95, eps=1e-8, clip=1.0)
-ARMS = ("loong", "mcore", "transformers", "torchtitan")
+ARMS = ("loong", "mcore", "mcore_local", "transformers", "torchtitan")
 
 
 def _batches(shape: dict, steps: int):
@@ -79,6 +84,16 @@ def arm_loong(shape: dict, steps: int) -> list[float]:
 
 
 def arm_mcore(shape: dict, steps: int) -> list[float]:
+    """The bare loop on loong's layer spec (the seam's SDPA attention and RoPE)."""
+    return _mcore_loop(shape, steps, seam=True)
+
+
+def arm_mcore_local(shape: dict, steps: int) -> list[float]:
+    """The bare loop on megatron-core's local spec (its own ``DotProductAttention``)."""
+    return _mcore_loop(shape, steps, seam=False)
+
+
+def _mcore_loop(shape: dict, steps: int, seam: bool) -> list[float]:
     import torch
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
@@ -90,11 +105,16 @@ def arm_mcore(shape: dict, steps: int) -> list[float]:
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.transformer.transformer_config import TransformerConfig
 
+    from loong_core import kernels
+    from loong_core.config.schema import KernelsConfig
     from loong_core.devices import mcore_cpu
+    from loong_core.engines.megatron.seam import spec as seam_spec
+    from loong_core.engines.megatron.seam.gpt import SeamGPTModel
     from loong_core.testing import free_port
 
     torch.set_num_threads(os.cpu_count())
     mcore_cpu.apply()
+    kernels.configure(KernelsConfig(), "cpu")  # what ``loong train`` resolves on this machine
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     ps.initialize_model_parallel()
     tensor_parallel.model_parallel_cuda_manual_seed(0)
@@ -105,10 +125,12 @@ def arm_mcore(shape: dict, steps: int) -> list[float]:
         add_bias_linear=False, hidden_dropout=0.0, attention_dropout=0.0, use_cpu_initialization=True,
         params_dtype=torch.float32, pipeline_dtype=torch.float32, bias_activation_fusion=False,
         masked_softmax_fusion=False, apply_rope_fusion=False, gradient_accumulation_fusion=False,
-        calculate_per_token_loss=True)
-    model = GPTModel(config=config, transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
-                     vocab_size=VOCAB, max_sequence_length=1024, share_embeddings_and_output_weights=True,
-                     position_embedding_type="rope")
+        calculate_per_token_loss=True, **(seam_spec.transformer_kwargs() if seam else {}))
+    spec, model_class = get_gpt_layer_local_spec(normalization="RMSNorm"), GPTModel
+    if seam:
+        spec, model_class = seam_spec.apply(spec, config), SeamGPTModel
+    model = model_class(config=config, transformer_layer_spec=spec, vocab_size=VOCAB, max_sequence_length=1024,
+                        share_embeddings_and_output_weights=True, position_embedding_type="rope")
     ddp = DistributedDataParallel(config=config, ddp_config=DistributedDataParallelConfig(grad_reduce_in_fp32=True),
                                   module=model)
     config.finalize_model_grads_func = finalize_model_grads
@@ -235,7 +257,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (one process per arm each)")
     parser.add_argument("--steps", type=int, default=8, help="steps per process")
     parser.add_argument("--warmup", type=int, default=2, help="first steps of each process dropped")
-    parser.add_argument("--arms", default="loong,mcore,transformers,torchtitan")
+    parser.add_argument("--arms", default="loong,mcore,mcore_local,transformers,torchtitan")
     parser.add_argument("--torchtitan-python", default=None,
                         help="python of a venv with torchtitan (default: this one, if it has it)")
     parser.add_argument("--worker", choices=ARMS, help=argparse.SUPPRESS)
