@@ -201,7 +201,7 @@ def test_block_diagonal_masks_become_segment_ids():
     assert mask_to_pattern(~CASES["dense_mask"]["mask"])[1] is None
 
 
-@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("packed", [None, "dense", "segments"])
 def test_seam_core_attention_equals_megatron_dot_product_attention(mcore, packed):
     from megatron.core.transformer.dot_product_attention import DotProductAttention
     from megatron.core.transformer.enums import AttnMaskType
@@ -220,11 +220,39 @@ def test_seam_core_attention_equals_megatron_dot_product_attention(mcore, packed
         same = PACKED[:, :, None] == PACKED[:, None, :]
         mask = ~(same & torch.ones(37, 37, dtype=torch.bool).tril())[:, None]
     expected = old(q, k, v, mask)
+    if packed == "segments":  # what packed data gives: segment ids, no [s, s] mask
+        from loong_core.kernels.segment_mask import segment_mask
+
+        seg = segment_mask(PACKED)
+        assert torch.equal(seg.dense(), mask)
+        mask = seg
     out = new(q, k, v, mask)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     grads = torch.autograd.grad(out.sum(), (q, k, v))
     for g, e in zip(grads, torch.autograd.grad(expected.sum(), (q, k, v))):
         torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
+
+
+def test_seam_core_attention_takes_thd_packed_seq_params_as_segments(mcore):
+    from megatron.core.packed_seq_params import PackedSeqParams
+    from megatron.core.transformer.enums import AttnMaskType
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from loong_core.engines.megatron.seam.modules import SeamCoreAttention
+    from loong_core.kernels.segment_mask import segment_mask
+
+    config = TransformerConfig(num_layers=1, hidden_size=64, num_attention_heads=4, num_query_groups=2,
+                               use_cpu_initialization=True, attention_dropout=0.0)
+    attn = SeamCoreAttention(config, 1, AttnMaskType.causal, "self")
+    q, k, v = (t[:1].permute(2, 0, 1, 3) for t in _qkv(hq=4, hk=2, d=16))  # [37, 1, n, d]
+    expected = attn(q, k, v, segment_mask(PACKED[:1]))  # documents of 10, 20 and 7 tokens
+    cu = torch.tensor([0, 10, 30], dtype=torch.int32)  # the last 7 tokens: one more segment
+    thd = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu)
+    out = attn(q.squeeze(1), k.squeeze(1), v.squeeze(1), None, packed_seq_params=thd)
+    torch.testing.assert_close(out.reshape(expected.shape), expected, rtol=0, atol=0)
+    bad = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=torch.tensor([0, 37]))
+    with pytest.raises(NotImplementedError, match="differ"):
+        attn(q.squeeze(1), k.squeeze(1), v.squeeze(1), None, packed_seq_params=bad)
 
 
 # -- torch engine ----------------------------------------------------------------------------

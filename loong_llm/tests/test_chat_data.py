@@ -80,7 +80,7 @@ def test_chat_module_with_hf_tokenizer_dir_packs_and_masks(tokenizer, chat_jsonl
     assert 0 < meta["train_assistant_tokens"] < meta["train_tokens"]
     train, valid = module.build(20, 2, seed=3)
     s = train[0]
-    assert s["attention_mask"].shape == (1, 256, 256)
+    assert s["segment_ids"].shape == (256,) and "attention_mask" not in s
     assert s["position_ids"][0] == 0 and (s["position_ids"] == 0).sum() >= 2  # >= 2 conversations
     assert train[5]["tokens"].tolist() == ChatDataModule(cfg).build(20, 2, seed=3)[0][5]["tokens"].tolist()
     trained = tokenizer.tokenizer.decode(s["labels"][s["loss_mask"].bool()].tolist(), skip_special_tokens=False)
@@ -94,7 +94,7 @@ def test_unpacked_samples_hold_one_conversation(tokenizer, chat_jsonl, tmp_path)
     module.prepare()
     train, _ = module.build(10, 1, seed=0)
     s = train[0]
-    assert "attention_mask" not in s and (s["position_ids"] == 0).sum() == 1
+    assert "segment_ids" not in s and (s["position_ids"] == 0).sum() == 1
     assert module.tokenizer.chat_template == CHATML_TEMPLATE
 
 

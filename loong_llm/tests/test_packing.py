@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from loong_core.kernels.segment_mask import segment_mask
 from loong_core.testing import megatron_single_rank
 from loong_llm.data.packing import block_causal_mask, pack_next_fit, packed_sample
 
@@ -57,7 +58,8 @@ def test_packed_sample_shifts_labels_and_restarts_positions():
     assert s["labels"].tolist() == [11, 12, 21, 0, 0]
     assert s["loss_mask"].tolist() == [1.0, 1.0, 1.0, 0.0, 0.0]
     assert s["position_ids"].tolist() == [0, 1, 0, 0, 1]
-    assert s["attention_mask"].shape == (1, 5, 5)
+    assert s["segment_ids"].tolist() == [0, 0, 1, 2, 2]  # padding is one more segment
+    assert "attention_mask" not in s  # no [s, s] mask: the seam's attention reads the ids
 
 
 def test_packed_logits_equal_unpacked(mcore_single_rank):
@@ -69,7 +71,7 @@ def test_packed_logits_equal_unpacked(mcore_single_rank):
     sample = packed_sample([(d, np.ones_like(d)) for d in docs], seq_length=seq, pad_id=0)
     with torch.no_grad():
         packed = model(sample["tokens"][None], sample["position_ids"][None],
-                       sample["attention_mask"][None])[0]  # [s, vocab]
+                       segment_mask(sample["segment_ids"][None]))[0]  # [s, vocab]
         start, worst = 0, 0.0
         for d, n in zip(docs, lengths):
             tokens = torch.as_tensor(d[:-1], dtype=torch.long)[None]

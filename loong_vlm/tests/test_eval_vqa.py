@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from loong_core.errors import ConfigError
+from loong_core.kernels.segment_mask import with_attention_mask
 from loong_core.testing import run_train
 
 MAX_NEW = 3
@@ -156,7 +157,8 @@ def test_qwen2_5_vl_run_answers_a_data_file_like_its_training_forward(qwen_run, 
         visual = {k: batch[k] for k in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
                   if k in batch}
         with torch.no_grad():
-            logits = vlm.model(batch["tokens"], batch["position_ids"], batch.get("attention_mask"), **visual)
+            logits = vlm.model(batch["tokens"], batch["position_ids"],
+                               with_attention_mask(batch).get("attention_mask"), **visual)
         prompt_end = len(layout.expanded(replace(record, ids=ids[:start], mask=np.zeros(start, np.int64)))[0])
         assert item.prompt == ids[:start].tolist()
         torch.testing.assert_close(next_token_logits(vlm, task.inputs([item], [item.prompt]))[0],

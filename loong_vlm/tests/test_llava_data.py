@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from loong_core.errors import ConfigError
+from loong_core.kernels.segment_mask import dense_mask
 from loong_vlm.data.config import LlavaConfig
 from loong_vlm.data.llava import LlavaDataModule
 from loong_vlm.mrope import mrope_position_ids
@@ -84,7 +85,7 @@ def test_packed_positions_restart_with_each_record(demo):
             video_token_id=layout.video_token_id, spatial_merge_size=2)
         n = len(ids) - 1
         assert torch.equal(sample["position_ids"][:, start: start + n], alone)
-        assert sample["attention_mask"][0, start: start + n, :start].all()  # masked: no cross-record attention
+        assert dense_mask(sample["segment_ids"])[start: start + n, :start].all()  # no cross-record attention
         start += n
     assert sample["num_positions"] == start == demo.sample_cost(sample)
 
@@ -102,7 +103,7 @@ def test_collate_decodes_pixels_in_reading_order(demo):
     assert tuple(grids[-1].tolist()) == grid
     assert torch.equal(batch["pixel_values"][-expected.shape[0]:], torch.from_numpy(expected))
     assert batch["tokens"].shape == (2, 128) and batch["position_ids"].shape == (2, 3, 128)
-    assert batch["attention_mask"].shape == (2, 1, 128, 128)
+    assert batch["segment_ids"].shape == (2, 128) and "attention_mask" not in batch
 
 
 def test_balancer_cost_reads_no_pixels(demo, monkeypatch):

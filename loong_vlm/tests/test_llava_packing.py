@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from loong_core.errors import ConfigError
+from loong_core.kernels.segment_mask import with_attention_mask
 from loong_vlm.data.config import LlavaConfig
 from loong_vlm.data.llava import LlavaDataModule
 
@@ -55,7 +56,8 @@ def _logits(model, batch, mask: bool = True):
     visual = {k: batch[k] for k in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
               if k in batch}
     with torch.no_grad():
-        return model(batch["tokens"], batch["position_ids"], batch.get("attention_mask") if mask else None,
+        return model(batch["tokens"], batch["position_ids"],
+                     with_attention_mask(batch).get("attention_mask") if mask else None,
                      **visual)[0]
 
 

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from loong_core.errors import ConfigError
+from loong_core.kernels.segment_mask import dense_mask
 from loong_vlm.data.config import LlavaConfig
 from loong_vlm.data.geometry import check_vision_geometry
 from loong_vlm.data.llava import LlavaDataModule
@@ -166,8 +167,9 @@ def test_packed_records_keep_their_own_qwen3_positions(data):
                                       image_token_id=layout.image_token_id, video_token_id=layout.video_token_id)
         assert torch.equal(sample["position_ids"][:, start: start + n], alone)
         assert torch.equal(sample["tokens"][start: start + n], torch.from_numpy(ids[:-1]))
-        assert sample["attention_mask"][0, start: start + n, :start].all()  # masked: no cross-record attention
-        assert not sample["attention_mask"][0, start: start + n, start: start + n].tril().any()
+        mask = dense_mask(sample["segment_ids"])
+        assert mask[start: start + n, :start].all()  # masked: no cross-record attention
+        assert not mask[start: start + n, start: start + n].tril().any()
         start += n
     assert sample["num_positions"] == start
 

@@ -2,8 +2,8 @@
 
 A document of ``L`` tokens contributes ``L - 1`` positions to a sequence (inputs ``ids[:-1]``,
 labels ``ids[1:]``). Each position sees only earlier positions of its own document: the
-attention mask is block-diagonal and causal. Position ids restart at 0 per document (megatron's
-RoPE rotates by the position in the sequence instead, which gives the same attention scores:
+attention mask is block-diagonal and causal, carried as segment ids. Position ids restart at 0
+per document (megatron's RoPE rotates by the position in the sequence instead, which gives the same attention scores:
 RoPE scores depend only on the distance between query and key, and never cross documents).
 """
 
@@ -13,6 +13,8 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
+
+from loong_core.kernels.segment_mask import dense_mask, document_segment_ids
 
 
 def pack_next_fit(sizes: Sequence[int], capacity: int) -> list[list[int]]:
@@ -39,7 +41,8 @@ def pack_next_fit(sizes: Sequence[int], capacity: int) -> list[list[int]]:
 
 
 def block_causal_mask(doc_lengths: Sequence[int], seq_length: int) -> torch.Tensor:
-    """Attention mask keeping each document to itself, causal inside it.
+    """Attention mask keeping each document to itself, causal inside it (dense; the samples carry
+    the compact ``segment_ids`` instead, see :mod:`loong_core.kernels.segment_mask`).
 
     Args:
         doc_lengths: Positions of each document, in order; positions past their sum (padding)
@@ -50,17 +53,7 @@ def block_causal_mask(doc_lengths: Sequence[int], seq_length: int) -> torch.Tens
         ``bool[1, seq_length, seq_length]``, True where attention is *masked* (megatron's
         convention).
     """
-    doc_id = np.full(seq_length, len(doc_lengths), dtype=np.int64)
-    start = 0
-    for k, n in enumerate(doc_lengths):
-        doc_id[start: start + n] = k
-        start += n
-    if start > seq_length:
-        raise ValueError(f"documents of {start} positions do not fit in {seq_length}")
-    ids = torch.from_numpy(doc_id)
-    same = ids[:, None] == ids[None, :]
-    causal = torch.ones(seq_length, seq_length, dtype=torch.bool).tril()
-    return (~(same & causal)).unsqueeze(0)
+    return dense_mask(document_segment_ids(doc_lengths, seq_length)).unsqueeze(0)
 
 
 def packed_sample(docs: Sequence[tuple[np.ndarray, np.ndarray]], seq_length: int, pad_id: int,
@@ -72,11 +65,14 @@ def packed_sample(docs: Sequence[tuple[np.ndarray, np.ndarray]], seq_length: int
             trained on (as targets). Documents longer than ``seq_length + 1`` are truncated.
         seq_length: Positions per sample; the documents' ``L - 1`` positions must fit.
         pad_id: Token fed at padded positions (never a target: loss mask 0).
-        with_mask: Add the block-diagonal ``attention_mask``.
+        with_mask: Add ``segment_ids`` (``int32 [s]``: the document of each position, padding one
+            more), which keep the documents apart in attention: the block-diagonal causal mask,
+            never built as an ``[s, s]`` tensor (the model's forward step turns the ids into a
+            :class:`~loong_core.kernels.segment_mask.SegmentMask`).
 
     Returns:
         ``tokens``, ``labels``, ``position_ids`` (int64 ``[s]``), ``loss_mask`` (float32 ``[s]``)
-        and, with ``with_mask``, ``attention_mask`` (bool ``[1, s, s]``).
+        and, with ``with_mask``, ``segment_ids`` (int32 ``[s]``).
     """
     tokens = np.full(seq_length, pad_id, dtype=np.int64)
     labels = np.full(seq_length, pad_id, dtype=np.int64)
@@ -105,5 +101,5 @@ def packed_sample(docs: Sequence[tuple[np.ndarray, np.ndarray]], seq_length: int
         "position_ids": torch.from_numpy(positions),
     }
     if with_mask:
-        sample["attention_mask"] = block_causal_mask(lengths, seq_length)
+        sample["segment_ids"] = document_segment_ids(lengths, seq_length)
     return sample

@@ -1,8 +1,9 @@
 """Samples and micro batches of LLaVA records: packing, MRoPE position ids, pixel loading.
 
-A sample holds one record or, packed, several: their ``L - 1`` positions back to back with a
-block-diagonal causal ``attention_mask`` and position ids restarting at each record (3-row MRoPE
-ids computed per record, as the record would get alone). Videos are laid out the Qwen2.5-VL or the
+A sample holds one record or, packed, several: their ``L - 1`` positions back to back with
+``segment_ids`` (the record of each position: a block-diagonal causal mask that is never built
+densely) and position ids restarting at each record (3-row MRoPE ids computed per record, as the
+record would get alone). Videos are laid out the Qwen2.5-VL or the
 Qwen3-VL way (:mod:`loong_vlm.data.video_layout`), each with its model's position ids. Visual
 inputs stay file references in the sample (``image_files``, ``video_files``) with their patch
 grids; :func:`collate_llava` decodes them for the micro batch only, so a data balancer can look at
@@ -23,7 +24,7 @@ from loong_vlm.data.vision import VisionProcessor
 from loong_vlm.mrope import mrope_position_ids, text_position_ids
 
 #: Keys of a sample that are per-position tensors (stacked into ``[b, ...]``).
-POSITION_KEYS = ("tokens", "labels", "loss_mask", "position_ids", "attention_mask")
+POSITION_KEYS = ("tokens", "labels", "loss_mask", "position_ids", "segment_ids")
 
 
 @dataclass
@@ -176,7 +177,7 @@ def collate_llava(samples: Sequence[dict], processor: VisionProcessor) -> dict:
 
     Returns:
         ``tokens``, ``labels``, ``loss_mask``, ``position_ids`` (``[b, s]`` or ``[b, 3, s]``),
-        ``attention_mask`` (``[b, 1, s, s]``, packed samples only) and, when the micro batch has
+        ``segment_ids`` (``[b, s]``, packed samples only) and, when the micro batch has
         any, ``pixel_values`` / ``image_grid_thw`` and ``pixel_values_videos`` /
         ``video_grid_thw`` (``docs/vlm_inputs.md``).
     """

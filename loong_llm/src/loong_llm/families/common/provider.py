@@ -166,10 +166,15 @@ class DecoderProvider(ModelProvider):
             apply_lora(chunk, self.config.lora)
 
     def forward_step(self, model, batch: dict):
-        from loong_core.engines.megatron.context_parallel import slice_batch
+        from megatron.core import parallel_state
 
-        # attention_mask (optional, [b, 1, s, s], True = masked) keeps packed documents apart.
-        # Under context parallelism this rank keeps its two chunks of every sequence.
+        from loong_core.engines.megatron.context_parallel import slice_batch
+        from loong_core.kernels.segment_mask import with_attention_mask
+
+        # segment_ids (packed samples) keep the documents apart: a SegmentMask for the seam's
+        # attention, dense [b, 1, s, s] under context parallelism (this rank keeps its two
+        # chunks of every sequence, mask rows included).
+        batch = with_attention_mask(batch, dense=parallel_state.get_context_parallel_world_size() > 1)
         batch = slice_batch(batch)
         output = model(batch["tokens"], batch["position_ids"], batch.get("attention_mask"),
                        labels=batch["labels"])

@@ -11,6 +11,7 @@ from megatron.core.transformer.module import MegatronModule
 from loong_core import kernels
 from loong_core.engines.megatron.seam import context_parallel
 from loong_core.errors import ConfigError
+from loong_core.kernels.segment_mask import SegmentMask, segment_mask
 
 
 class SeamRMSNorm(torch.nn.Module):
@@ -99,13 +100,42 @@ def _block_rows_match(masked, segment_ids, keys, r: int, causal: bool) -> bool:
     return torch.equal(expected, masked[:, r:r + _ROWS])
 
 
+def thd_segment_mask(packed_seq_params, tokens: int, device) -> SegmentMask:
+    """The :class:`SegmentMask` ``[1, t]`` of megatron-core's THD ``PackedSeqParams``: one
+    segment per ``cu_seqlens`` interval (tokens after the last one form one more).
+
+    Raises:
+        NotImplementedError: Not the THD format, different query and key documents, or padded
+            ``cu_seqlens`` that differ from the unpadded ones.
+    """
+    p = packed_seq_params
+    if p.qkv_format != "thd":
+        raise NotImplementedError(f"SeamCoreAttention: packed_seq_params.qkv_format={p.qkv_format!r} "
+                                  "(only 'thd' is supported).")
+    cu = p.cu_seqlens_q
+    for other in (p.cu_seqlens_kv, p.cu_seqlens_q_padded, p.cu_seqlens_kv_padded):
+        if other is not None and not torch.equal(other, cu):
+            raise NotImplementedError("SeamCoreAttention: THD packed_seq_params whose query / key / "
+                                      "padded cu_seqlens differ (self-attention over unpadded "
+                                      "documents only).")
+    lengths = torch.diff(cu.to(device=device, dtype=torch.int64))
+    rest = tokens - int(cu[-1])
+    if rest < 0:
+        raise ValueError(f"SeamCoreAttention: cu_seqlens end at {int(cu[-1])} > {tokens} tokens.")
+    lengths = torch.cat([lengths, lengths.new_tensor([rest])])
+    ids = torch.repeat_interleave(torch.arange(len(lengths), device=device, dtype=torch.int32), lengths)
+    return segment_mask(ids[None])
+
+
 class SeamCoreAttention(MegatronModule):
     """Core attention through ``kernels.get("attention")`` (``sdpa`` / ``flex`` / ``eager``).
 
     A drop-in for megatron-core's local ``DotProductAttention`` (same constructor and forward
     arguments), also for MLA (``k_channels`` / ``v_channels`` differ). Query ``[sq, b, np, hn]``,
     key ``[sk, b, ng, hn]``, value ``[sk, b, ng, hv]`` with ``np`` a multiple of ``ng`` (GQA:
-    K/V are not repeated); returns ``[sq, b, np * hv]``. Under context parallelism
+    K/V are not repeated); returns ``[sq, b, np * hv]``. ``attention_mask`` is None (the mask
+    type's pattern), a :class:`~loong_core.kernels.segment_mask.SegmentMask` (packed documents
+    as segment ids: no ``[s, s]`` mask exists) or megatron's boolean mask. Under context parallelism
     (``context_parallel_size > 1``) the keys and values of the group are all-gathered
     (:mod:`.context_parallel`).
     """
@@ -138,11 +168,24 @@ class SeamCoreAttention(MegatronModule):
 
     def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
                 packed_seq_params=None, **kwargs):
-        if attention_bias is not None or packed_seq_params is not None:
-            raise NotImplementedError("SeamCoreAttention: attention bias / THD packed_seq_params "
-                                      "(loong packs with attention masks).")
+        if attention_bias is not None:
+            raise NotImplementedError("SeamCoreAttention: an attention bias (megatron-core's "
+                                      "TransformerEngine attention takes one).")
         mask_type = attn_mask_type if attn_mask_type is not None else self.attn_mask_type
+        if packed_seq_params is not None:  # THD: [t, np, hn], documents by cu_seqlens
+            if self.cp_group is not None or attention_mask is not None:
+                raise NotImplementedError("SeamCoreAttention: THD packed_seq_params with context "
+                                          "parallelism or an attention mask.")
+            attention_mask = thd_segment_mask(packed_seq_params, query.shape[0], query.device)
+            query, key, value = (t.unsqueeze(1) for t in (query, key, value))
+            if mask_type != AttnMaskType.causal:
+                raise NotImplementedError("SeamCoreAttention: THD packed_seq_params without a causal "
+                                          "mask type.")
         if self.cp_group is not None:
+            if isinstance(attention_mask, SegmentMask):
+                raise ValueError("SeamCoreAttention: under context parallelism the packed mask must be "
+                                 "dense (segment_mask.with_attention_mask(batch, dense=True) before "
+                                 "slicing the batch).")
             out = context_parallel.attention(
                 query, key, value, self.cp_group, causal=mask_type == AttnMaskType.causal,
                 attention_mask=attention_mask, scale=self.softmax_scale,
@@ -151,6 +194,8 @@ class SeamCoreAttention(MegatronModule):
         segment_ids = mask = None
         if attention_mask is None:
             causal = mask_type == AttnMaskType.causal
+        elif isinstance(attention_mask, SegmentMask):  # packed documents, as the data gives them
+            causal, segment_ids = True, attention_mask.segment_ids()
         else:
             causal, segment_ids, mask = mask_to_pattern(attention_mask)
         b = query.shape[1]
