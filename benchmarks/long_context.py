@@ -20,10 +20,14 @@ time of the steps after the first, in seconds (2 CPU cores shared by all ranks, 
 else runs on the machine: read the times as rough).
 
 ``--set KEY=VALUE`` adds overrides to every run (e.g. ``kernels.linear_cross_entropy=chunked``).
+``--mmap-threshold BYTES`` sets glibc's ``MALLOC_MMAP_THRESHOLD_`` for the runs: tensors above it
+are mapped and unmapped one by one instead of being carved from the heap, whose freed pieces stay
+resident (glibc raises its threshold on the fly, so by default large activations end up on the
+heap), so the peak RSS comes close to the peak of live tensors.
 Rows whose estimated peak does not fit in ``--max-gib`` are skipped and named.
 
 Usage: python benchmarks/long_context.py [--seqs 4096 8192 16384 32768] [--arms cp1 cp1+rc cp2 cp2+rc]
-       [--steps 3] [--set kernels.linear_cross_entropy=chunked]
+       [--steps 3] [--set kernels.linear_cross_entropy=chunked] [--mmap-threshold 131072]
 """
 
 from __future__ import annotations
@@ -81,7 +85,8 @@ def _watch_ranks(proc: subprocess.Popen, peaks: dict[int, int], stop: threading.
         stop.wait(0.05)
 
 
-def run(seq: int, cp: int, recompute: bool, steps: int, extra: list[str]) -> dict:
+def run(seq: int, cp: int, recompute: bool, steps: int, extra: list[str],
+        mmap_threshold: int | None = None) -> dict:
     """One training run; returns per-rank peak bytes, step times and the losses."""
     with tempfile.TemporaryDirectory() as run_dir:
         overrides = [
@@ -93,6 +98,8 @@ def run(seq: int, cp: int, recompute: bool, steps: int, extra: list[str]) -> dic
             f"trainer.run_dir={run_dir}", *(RECOMPUTE if recompute else []), *extra]
         cmd = [sys.executable, "-m", "loong_core.cli.main", "train", *overrides, "--nproc-per-node", str(cp)]
         env = {**os.environ, "OMP_NUM_THREADS": str(2 // cp)}
+        if mmap_threshold is not None:
+            env["MALLOC_MMAP_THRESHOLD_"] = str(mmap_threshold)
         peaks: dict[int, int] = {}
         stop = threading.Event()
         with tempfile.TemporaryFile("w+") as out:
@@ -121,16 +128,18 @@ def main() -> None:
     parser.add_argument("--base-seq", type=int, default=256)
     parser.add_argument("--max-gib", type=float, default=20.0, help="skip rows estimated above this")
     parser.add_argument("--set", dest="extra", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--mmap-threshold", type=int, help="MALLOC_MMAP_THRESHOLD_ of the runs (bytes)")
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args()
     gib, mib = 2**30, 2**20
     rows, skipped = [], []
-    print(f"overrides: {' '.join(args.extra) or '(none)'}; steps {args.steps}; times on a shared 2-core machine")
+    print(f"overrides: {' '.join(args.extra) or '(none)'}; mmap threshold {args.mmap_threshold or 'glibc default'}; "
+          f"steps {args.steps}; times on a shared 2-core machine")
     print("| arm | seq | tokens/rank | peak GiB (per rank) | base GiB | act MiB | KiB/tok | marg | step s | loss[-1] |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for arm in args.arms:
         cp, recompute = ARMS[arm]
-        base = max(run(args.base_seq, cp, recompute, 2, args.extra)["peaks"])
+        base = max(run(args.base_seq, cp, recompute, 2, args.extra, args.mmap_threshold)["peaks"])
         previous = None  # (tokens per rank, act bytes) of the last row, to extrapolate the next
         for seq in args.seqs:
             tokens = seq // cp
@@ -140,7 +149,7 @@ def main() -> None:
                 if estimate > args.max_gib * gib:
                     skipped.append(f"{arm} seq {seq}: estimated {estimate / gib:.1f} GiB > {args.max_gib} GiB")
                     continue
-            result = run(seq, cp, recompute, args.steps, args.extra)
+            result = run(seq, cp, recompute, args.steps, args.extra, args.mmap_threshold)
             peak = max(result["peaks"])
             act = peak - base
             marginal = "-" if previous is None else f"{(act - previous[1]) / 1024 / (tokens - previous[0]):.1f}"
@@ -155,7 +164,8 @@ def main() -> None:
     for line in skipped:
         print(f"skipped: {line}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"overrides": args.extra, "rows": rows}, indent=1))
+        Path(args.json).write_text(json.dumps({"overrides": args.extra, "mmap_threshold": args.mmap_threshold,
+                                               "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":
