@@ -295,10 +295,15 @@ def check_layout(cfg, world_size: int) -> None:
 
     dp = check_world(cfg.parallel, world_size)
     p, t = cfg.parallel, cfg.trainer
+    if p.ulysses_size > 1:
+        from loong_core.config.ulysses_rules import check_ulysses_world
+
+        dp = check_ulysses_world(p, world_size)
     if p.context_parallel_size > 1:
         from loong_core.engines.megatron.context_parallel import check_seq_length
 
         check_seq_length(cfg.data.seq_length, p)
     how = (f"{world_size} ranks / (TP {p.tensor_model_parallel_size} x PP "
-           f"{p.pipeline_model_parallel_size} x CP {p.context_parallel_size})")
+           f"{p.pipeline_model_parallel_size} x CP {p.context_parallel_size}"
+           + (f" x Ulysses {p.ulysses_size})" if p.ulysses_size > 1 else ")"))
     check_batch_layout(t.global_batch_size, t.micro_batch_size, dp, how)

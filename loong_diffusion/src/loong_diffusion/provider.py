@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from loong_core.engines.model_provider import ModelProvider
+from loong_core.engines.torch_native import ulysses
 from loong_diffusion.objective import FlowMatching
 
 
@@ -64,8 +65,10 @@ class DiffusionProvider(ModelProvider):
             condition = self.drop_condition(condition, extra[:, 0] < self.config.cond_dropout)
         per_sample = self.objective.loss(lambda x_t, s: self.denoise(model, x_t, s, condition),
                                          x0, noise.to(x0.dtype), u, self.latent_tokens(x0))
-        loss_sum = per_sample.sum()
-        count = torch.tensor(float(x0.shape[0]), device=x0.device)
+        # Under Ulysses every rank of the group computed the same sample losses (its tokens were
+        # gathered before the output): each returns its 1/N share, the engine sums the shares.
+        loss_sum = ulysses.loss_share(per_sample.sum())
+        count = ulysses.loss_share(torch.tensor(float(x0.shape[0]), device=x0.device))
         return loss_sum, count, {"loss": torch.stack([loss_sum.detach(), count])}
 
     def tokens_in(self, batch: dict) -> int:

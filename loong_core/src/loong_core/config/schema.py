@@ -93,6 +93,11 @@ class ParallelConfig:
         context_parallel_size: CP size: every sequence sharded over this many ranks (megatron
             engine, LLM families; ``data.seq_length`` a multiple of 2 x CP; docs/long_context.md).
         expert_model_parallel_size: EP size.
+        ulysses_size: Torch engine only: Ulysses sequence parallelism (not Megatron's
+            ``sequence_parallel``): the image / video tokens of every sample are sharded over this
+            many ranks, which read the same batch, with an all-to-all between sequence and heads
+            around each attention. Must divide the world size and the model's attention heads;
+            models that support it: the DiT families of loong-diffusion (docs/long_context.md).
         use_distributed_optimizer: Shard optimizer state over DP (ZeRO-1).
         overlap_grad_reduce: Overlap gradient reduce-scatter/all-reduce with backward.
         overlap_param_gather: Overlap the distributed optimizer's parameter all-gather.
@@ -128,6 +133,7 @@ class ParallelConfig:
     sequence_parallel: bool = False
     context_parallel_size: int = positive(1)
     expert_model_parallel_size: int = positive(1)
+    ulysses_size: int = positive(1)
     use_distributed_optimizer: bool = False
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False

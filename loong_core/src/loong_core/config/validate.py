@@ -204,6 +204,9 @@ def _check_consistency(cfg: LoongConfig, registry: Registry) -> None:
     from loong_core.kernels.resolve import check_names
 
     check_names(dataclasses.asdict(cfg.kernels), registry)
+    from loong_core.config.ulysses_rules import check_ulysses
+
+    check_ulysses(cfg)
     cfg.model.check(cfg, "model")
 
 

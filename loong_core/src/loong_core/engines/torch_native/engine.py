@@ -21,8 +21,12 @@ _UNSUPPORTED = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "c
 class TorchEngine(Engine):
     """Trains a :class:`~loong_core.engines.model_provider.ModelProvider` with plain PyTorch.
 
-    Every rank is a data-parallel rank. ``parallel.data_parallel_sharding`` picks DDP, FSDP2 or
-    HSDP; gradients of the micro batches accumulate locally and are reduced once per step.
+    Every rank is a data-parallel rank, or with ``parallel.ulysses_size=N`` every group of ``N``
+    ranks is (Ulysses sequence parallelism, :mod:`.ulysses`: the group shares a batch and each
+    rank returns its share of the loss and count, so the reduction over all ranks below is the
+    one-rank result). ``parallel.data_parallel_sharding`` picks DDP, FSDP2 or HSDP (over all
+    ranks: parameters are replicated over the Ulysses group too); gradients of the micro batches
+    accumulate locally and are reduced once per step.
     """
 
     def init_parallel(self) -> ParallelLayout:
@@ -43,9 +47,26 @@ class TorchEngine(Engine):
             raise ConfigError("'parallel.mixed_precision' = 'fp16' needs loss scaling, which only the "
                               "megatron engine has; use bf16 (or fp32) with parallel.engine=torch.")
         rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
-        self.layout = ParallelLayout(world_size=world, rank=rank, data_parallel_size=world,
-                                     data_parallel_rank=rank, is_logging_rank=rank == 0)
+        dp, dp_rank = world, rank
+        if p.ulysses_size > 1:
+            dp, dp_rank = self._init_ulysses(p.ulysses_size, rank, world)
+        self.layout = ParallelLayout(world_size=world, rank=rank, data_parallel_size=dp,
+                                     data_parallel_rank=dp_rank, is_logging_rank=rank == 0)
         return self.layout
+
+    def _init_ulysses(self, n: int, rank: int, world: int) -> tuple[int, int]:
+        """A ``("data", "ulysses")`` mesh: ranks ``[k n, (k + 1) n)`` form Ulysses group ``k``,
+        which is data-parallel rank ``k`` (they read the same batch)."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        from loong_core.config.ulysses_rules import check_ulysses_world
+        from loong_core.engines.torch_native import ulysses
+
+        dp = check_ulysses_world(self.config.parallel, world)
+        self.sequence_mesh = init_device_mesh(self.device.device_type, (dp, n),
+                                              mesh_dim_names=("data", "ulysses"))
+        ulysses.set_group(self.sequence_mesh["ulysses"].get_group())
+        return dp, rank // n
 
     def setup(self) -> None:
         p = self.config.parallel
@@ -55,6 +76,8 @@ class TorchEngine(Engine):
         from loong_core.kernels.torch_modules import swap_modules
 
         swap_modules(module)  # transformers / diffusers RMSNorms through kernels.rms_norm
+        if p.ulysses_size > 1:
+            self.provider.enable_ulysses(module)
         blocks = list(self.provider.torch_blocks(module))
         self.model = parallelize.wrap(module, blocks, p, self.device, self.layout.world_size, self.dtype,
                                       getattr(self.provider, "torch_unused_parameters", False))
@@ -62,9 +85,9 @@ class TorchEngine(Engine):
         self.scheduler = optim.LRSchedule(self.optimizer, self.config)
         self.metric_names = list(getattr(self.provider, "reported_metrics", ("loss",)))
         self._autocast = p.data_parallel_sharding == "ddp" and self.dtype != torch.float32
-        logger.info("torch engine: %s over %d ranks, compute %s, activation checkpointing %s",
-                    p.data_parallel_sharding, self.layout.world_size, str(self.dtype).replace("torch.", ""),
-                    "on" if p.activation_checkpointing else "off")
+        logger.info("torch engine: %s over %d ranks (Ulysses %d), compute %s, activation checkpointing %s",
+                    p.data_parallel_sharding, self.layout.world_size, p.ulysses_size,
+                    str(self.dtype).replace("torch.", ""), "on" if p.activation_checkpointing else "off")
 
     @property
     def compute_dtype(self):
@@ -163,4 +186,8 @@ class TorchEngine(Engine):
         checkpointing.load_model_only(self.model, directory)
 
     def shutdown(self) -> None:
-        """Process groups belong to the runtime; nothing else to release."""
+        """Process groups belong to the runtime; forget the Ulysses group."""
+        if self.config.parallel.ulysses_size > 1:
+            from loong_core.engines.torch_native import ulysses
+
+            ulysses.set_group(None)

@@ -32,3 +32,7 @@ class DiTConfig(DiffusionModelConfig):
     mlp_ratio: float = 4.0
     num_classes: int = 10
     frequency_dim: int = 128
+
+    def ulysses_heads(self) -> int:
+        """Heads that ``parallel.ulysses_size`` must divide (declares Ulysses support)."""
+        return self.num_attention_heads

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from loong_core.engines.torch_native import ulysses
 from loong_core.kernels.torch_modules import norm_modulate
 from loong_diffusion.families.dit.config import DiTConfig
 from loong_diffusion.provider import DiffusionProvider
@@ -25,6 +26,12 @@ def modulate(norm: nn.LayerNorm, x: torch.Tensor, shift: torch.Tensor, scale: to
     """adaLN ``norm(x) * (1 + scale) + shift`` for per-sample ``shift`` / ``scale`` ``[B, h]``
     (fused as ``kernels.layer_norm_modulate`` when that op is not plain)."""
     return norm_modulate(norm, x, shift[:, None], scale[:, None])
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Bidirectional attention in ``[b, s, h, d]`` layout."""
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+    return out.transpose(1, 2)
 
 
 class DiTBlock(nn.Module):
@@ -46,8 +53,8 @@ class DiTBlock(nn.Module):
         shift1, scale1, gate1, shift2, scale2, gate2 = self.ada(F.silu(cond)).chunk(6, dim=-1)
         b, n, h = x.shape
         q, k, v = self.qkv(modulate(self.norm1, x, shift1, scale1)).view(b, n, 3, self.heads, -1).unbind(2)
-        attn = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
-        x = x + gate1[:, None] * self.proj(attn.transpose(1, 2).reshape(b, n, h))
+        attn = ulysses.attention(q, k, v, _attend)  # all-to-all over tokens <-> heads under Ulysses
+        x = x + gate1[:, None] * self.proj(attn.reshape(b, n, h))
         return x + gate2[:, None] * self.mlp(modulate(self.norm2, x, shift2, scale2))
 
 
@@ -87,12 +94,12 @@ class DiT(nn.Module):
         b, ch, _, _ = x.shape
         p, g = self.c.patch_size, self.grid
         tokens = x.view(b, ch, g, p, g, p).permute(0, 2, 4, 1, 3, 5).reshape(b, g * g, ch * p * p)
-        h = self.patch(tokens) + self.pos
+        h = ulysses.shard(self.patch(tokens) + self.pos, dim=1)  # this rank's tokens under Ulysses
         cond = self.time(timestep_embedding(timestep, self.c.frequency_dim)) + self.label(class_label)
         for block in self.blocks:
             h = block(h, cond)
         shift, scale = self.ada(F.silu(cond)).chunk(2, dim=-1)
-        out = self.out(modulate(self.norm, h, shift, scale))
+        out = ulysses.gather(self.out(modulate(self.norm, h, shift, scale)), dim=1)
         return out.view(b, g, g, ch, p, p).permute(0, 3, 1, 4, 2, 5).reshape(b, ch, g * p, g * p)
 
 
@@ -106,6 +113,10 @@ class DiTProvider(DiffusionProvider):
 
     def torch_blocks(self, model) -> list:
         return list(model.blocks)
+
+    def enable_ulysses(self, model) -> None:
+        """Nothing to install: :class:`DiT` shards its tokens, runs its attention through
+        ``ulysses.attention`` and gathers its output whenever a Ulysses group is set."""
 
     def denoise(self, model, x_t, sigmas, condition):
         return model(x_t, sigmas * 1000.0, condition["class_label"])

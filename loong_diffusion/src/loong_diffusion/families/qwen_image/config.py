@@ -36,3 +36,7 @@ class QwenImageConfig(DiffusionModelConfig):
     joint_attention_dim: int = 3584
     guidance_embeds: bool = False
     axes_dims_rope: list[int] = field(default_factory=lambda: [16, 56, 56])
+
+    def ulysses_heads(self) -> int:
+        """Heads that ``parallel.ulysses_size`` must divide (declares Ulysses support)."""
+        return self.num_attention_heads

@@ -23,6 +23,12 @@ def unpack(tokens: torch.Tensor, h: int, w: int, p: int) -> torch.Tensor:
     return x.reshape(b, c, h, w)
 
 
+def _text_len(args: tuple, kwargs: dict) -> int:
+    """Text tokens of a call of the double-stream attention (its ``encoder_hidden_states``)."""
+    text = kwargs["encoder_hidden_states"] if "encoder_hidden_states" in kwargs else args[1]
+    return int(text.shape[1])
+
+
 class QwenImageProvider(DiffusersProvider):
     """Flow matching on diffusers' ``QwenImageTransformer2DModel``."""
 
@@ -45,6 +51,17 @@ class QwenImageProvider(DiffusersProvider):
                     return_dict=False)[0]
         out = unpack(out, h, w, p)
         return out[:, :, None] if video else out
+
+    def enable_ulysses(self, model) -> None:
+        """Shard the image tokens after ``img_in`` (and their RoPE angles), keep the text stream
+        replicated, run the joint attention sequence-parallel (image tokens all-to-all, text
+        heads sliced locally and gathered back), gather after ``proj_out``."""
+        from loong_diffusion import ulysses_hooks as hooks
+
+        hooks.shard_output(model.img_in, dim=1)
+        hooks.shard_output(model.pos_embed, dim=0, index=0)
+        hooks.mark_attention([block.attn for block in model.transformer_blocks], _text_len)
+        hooks.gather_output(model.proj_out, dim=1)
 
     def latent_tokens(self, latents) -> int:
         p = self.config.patch_size

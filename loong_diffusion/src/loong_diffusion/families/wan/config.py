@@ -51,3 +51,7 @@ class WanConfig(DiffusionModelConfig):
     added_kv_proj_dim: Optional[int] = None
     rope_max_seq_len: int = 1024
     pos_embed_seq_len: Optional[int] = None
+
+    def ulysses_heads(self) -> int:
+        """Heads that ``parallel.ulysses_size`` must divide (declares Ulysses support)."""
+        return self.num_attention_heads

@@ -20,6 +20,17 @@ class WanProvider(DiffusersProvider):
         return model(hidden_states=x_t, timestep=sigmas * 1000.0, encoder_hidden_states=text,
                      return_dict=False)[0]
 
+    def enable_ulysses(self, model) -> None:
+        """Shard the video tokens (and their RoPE angles) after the patch embedding, all-to-all
+        around the self-attention, gather after ``proj_out``; the cross-attention keeps all text
+        tokens on every rank (local queries need no exchange)."""
+        from loong_diffusion import ulysses_hooks as hooks
+
+        hooks.shard_all_outputs(model.rope, dim=1)
+        hooks.shard_input(model.blocks[0], "hidden_states", position=0, dim=1)
+        hooks.mark_attention([block.attn1 for block in model.blocks], hooks.no_text)
+        hooks.gather_output(model.proj_out, dim=1)
+
     def latent_tokens(self, latents) -> int:
         pt, ph, pw = self.config.patch_size
         _, _, f, h, w = latents.shape
