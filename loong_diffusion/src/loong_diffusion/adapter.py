@@ -55,11 +55,17 @@ class DiffusersAdapter:
         return import_class(self.model_class)
 
     def hf_to_loong(self, hf_dir: str | Path, checkpoint_dir: str | Path) -> Path:
-        """Write the diffusers model in ``hf_dir`` as a loong checkpoint directory (atomically)."""
+        """Write the diffusers model in ``hf_dir`` as a loong checkpoint directory (atomically), in
+        the dtype of its safetensors (a bf16 model stays bf16)."""
         from loong_core.engines.torch_native.checkpointing import save_model_only
         from loong_diffusion.diffusers_dit import load_diffusers_dir
 
+        import torch
+
         model = load_diffusers_dir(self._cls(), str(hf_dir))
+        dtype = source_dtype(hf_dir)
+        if dtype:  # the checkpoint keeps the source's dtype; a run loads it into its own (upcast)
+            model = model.to(getattr(torch, dtype))
         final = Path(checkpoint_dir)
         partial = final.with_name(final.name + ".partial")
         shutil.rmtree(partial, ignore_errors=True)
@@ -68,7 +74,7 @@ class DiffusersAdapter:
             _quiet()
             save_model_only(model, str(partial))
         (partial / DIFFUSERS_CONFIG).write_text(json.dumps(dict(model.config), indent=1, default=list))
-        record = {"iteration": 0, "converted_from": str(hf_dir), "hf_dtype": source_dtype(hf_dir)}
+        record = {"iteration": 0, "converted_from": str(hf_dir), "hf_dtype": dtype}
         store.write_record(partial, record)  # with every file's size and checksum
         if final.exists():
             shutil.rmtree(final)
@@ -82,7 +88,7 @@ class DiffusersAdapter:
             checkpoint_dir: A checkpoint of :meth:`hf_to_loong` or of a training run.
             hf_dir: Output directory.
             dtype: Torch dtype name of the written weights; None: the dtype of the diffusers
-                checkpoint it was converted from (recorded at import), else as stored (fp32).
+                checkpoint it was converted from (recorded at import), else as stored.
         """
         import torch
 
