@@ -24,7 +24,13 @@ Every arm trains the same shape (default: the default experiment's, ~7M paramete
 backend's derived peak. On a machine shared with other work the numbers are noisy; the ratios of
 one run are what to read.
 
-Usage: python benchmarks/throughput.py [--size default|30m|125m] [--rounds 3] [--steps 8]
+Kernels: ``--kernels torch`` (default) runs loong with ``kernels=torch`` and the bare loops with the
+same choices (the torch references, SDPA attention), so the megatron arms compute the same ops as
+each other and, like the transformers arm, compile nothing; ``compile`` / ``auto`` pass that
+kernels option to ``loong train`` and resolve it the same way in the bare loops (``auto`` there
+without a step count, so ``auto``'s step-dependent picks may differ: read the banner).
+
+Usage: python benchmarks/throughput.py [--size default|30m|125m] [--rounds 3] [--steps 8] [--kernels torch]
 """
 
 from __future__ import annotations
@@ -47,6 +53,17 @@ SIZES = {  # hidden, layers, heads, kv heads, ffn, seq, micro batch
 VOCAB = 4096
 OPTIM = dict(lr=2.0e-3, weight_decay=0.1, beta1=0.9, beta2=0.95, eps=1e-8, clip=1.0)
 ARMS = ("loong", "mcore", "mcore_local", "transformers", "torchtitan")
+KERNELS = "torch"  # the ``kernels`` config option of the megatron arms (``--kernels``)
+
+
+def _kernel_section():
+    """The bare loops' kernel choices for :data:`KERNELS` (the ``kernels=<option>`` group's)."""
+    from loong_core.config.schema import KernelsConfig
+    from loong_core.kernels import OPS
+
+    if KERNELS == "auto":
+        return KernelsConfig()
+    return {op: ("auto" if op == "attention" else KERNELS) for op in OPS}
 
 
 def _batches(shape: dict, steps: int):
@@ -79,7 +96,7 @@ def arm_loong(shape: dict, steps: int) -> list[float]:
                    f"trainer.global_batch_size={shape['batch']}", f"trainer.train_iters={steps}",
                    "trainer.log_interval=1", "trainer.eval_interval=0", "trainer.eval_at_start=false",
                    "trainer.save_at_end=false", "trainer.progress_bar=false", "trainer.tensorboard=false",
-                   f"trainer.run_dir={run_dir}"], env={"OMP_NUM_THREADS": str(os.cpu_count())})
+                   f"kernels={KERNELS}", f"trainer.run_dir={run_dir}"], env={"OMP_NUM_THREADS": str(os.cpu_count())})
         return [r["step_time"] for r in sorted(read_metrics(run_dir), key=lambda r: r["step"])]
 
 
@@ -106,7 +123,6 @@ def _mcore_loop(shape: dict, steps: int, seam: bool) -> list[float]:
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     from loong_core import kernels
-    from loong_core.config.schema import KernelsConfig
     from loong_core.devices import mcore_cpu
     from loong_core.engines.megatron.seam import spec as seam_spec
     from loong_core.engines.megatron.seam.gpt import SeamGPTModel
@@ -114,7 +130,7 @@ def _mcore_loop(shape: dict, steps: int, seam: bool) -> list[float]:
 
     torch.set_num_threads(os.cpu_count())
     mcore_cpu.apply()
-    kernels.configure(KernelsConfig(), "cpu")  # what ``loong train`` resolves on this machine
+    kernels.configure(_kernel_section(), "cpu")  # as the loong arm's ``kernels=`` option
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     ps.initialize_model_parallel()
     tensor_parallel.model_parallel_cuda_manual_seed(0)
@@ -242,7 +258,8 @@ def _flops_per_token(shape: dict) -> float:
 
 def _run_arm(arm: str, size: str, steps: int, python: str) -> list[float]:
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
-        cmd = [python, __file__, "--worker", arm, "--size", size, "--steps", str(steps), "--out", out.name]
+        cmd = [python, __file__, "--worker", arm, "--size", size, "--steps", str(steps), "--out", out.name,
+               "--kernels", KERNELS]
         result = subprocess.run(cmd, capture_output=True, text=True,
                                 env={**os.environ, "OMP_NUM_THREADS": str(os.cpu_count())})
         if result.returncode:
@@ -260,10 +277,14 @@ def main() -> None:
     parser.add_argument("--arms", default="loong,mcore,mcore_local,transformers,torchtitan")
     parser.add_argument("--torchtitan-python", default=None,
                         help="python of a venv with torchtitan (default: this one, if it has it)")
+    parser.add_argument("--kernels", choices=("torch", "compile", "auto"), default="torch",
+                        help="kernels option of the megatron arms (default: the torch references)")
     parser.add_argument("--worker", choices=ARMS, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     shape = SIZES[args.size]
+    global KERNELS
+    KERNELS = args.kernels
     if args.worker:
         Path(args.out).write_text(json.dumps(globals()[f"arm_{args.worker}"](shape, args.steps)))
         return
@@ -297,7 +318,9 @@ def main() -> None:
     print(f"shape: hidden {shape['hidden']}, layers {shape['layers']}, heads {shape['heads']}/{shape['groups']}, "
           f"ffn {shape['ffn']}, vocab {VOCAB}, seq {shape['seq']}, batch {shape['batch']} "
           f"({tokens} tokens/step); {os.cpu_count()} threads; {args.rounds} rounds x "
-          f"{args.steps - args.warmup} timed steps per arm; peak {peak / 1e9:.0f} GFLOP/s (derived)")
+          f"{args.steps - args.warmup} timed steps per arm; kernels={KERNELS}; "
+          f"peak {peak / 1e9:.0f} GFLOP/s (derived); "
+          f"load average {os.getloadavg()[1]:.1f} (5 min)")
     # The fastest step is the least disturbed by other work on a shared machine: shown beside the
     # median, with its own ratio.
     fastest = {arm: min(t) for arm, t in times.items() if t}
