@@ -46,7 +46,7 @@ def _ulysses_dispatch(original: Callable) -> Callable:
 def _route_dispatch(module_name: str) -> None:
     """Make ``module_name.dispatch_attention_fn`` honour the marker (once per module)."""
     namespace = sys.modules[module_name]
-    current = getattr(namespace, "dispatch_attention_fn")
+    current = namespace.dispatch_attention_fn
     if not getattr(current, "loong_ulysses", False):
         namespace.dispatch_attention_fn = _ulysses_dispatch(current)
 

@@ -21,8 +21,10 @@ def _parallel_line(p, layout) -> str:
                 f"CP={p.context_parallel_size} EP={p.expert_model_parallel_size} DP={layout.data_parallel_size} "
                 f"SP={p.sequence_parallel} dist-opt={p.use_distributed_optimizer}")
     sharding = getattr(p, "data_parallel_sharding", "ddp")
+    ulysses = getattr(p, "ulysses_size", 1)
     return (f"parallel: engine={p.engine} {sharding} over DP={layout.data_parallel_size} "
-            f"activation-checkpointing={getattr(p, 'activation_checkpointing', False)}")
+            + (f"x Ulysses={ulysses} " if ulysses > 1 else "")
+            + f"activation-checkpointing={getattr(p, 'activation_checkpointing', False)}")
 
 
 def _compute_dtype(cfg, device):

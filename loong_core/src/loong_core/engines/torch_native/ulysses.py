@@ -80,11 +80,10 @@ class AllToAll(torch.autograd.Function):
 def _divisible(length: int, what: str) -> None:
     n = size()
     if length % n:
-        valid = [k for k in range(2, length + 1) if length % k == 0][:6]
         raise ConfigError(
-            f"parallel.ulysses_size={n} does not divide the {length} {what} of this batch; use an "
-            f"input size whose token count is a multiple of {n}"
-            + (f" or ulysses_size in {valid}." if valid else "."))
+            f"parallel.ulysses_size={n} does not divide the {length} {what} of this batch; use "
+            f"inputs (latent frames / height / width over the patch size) whose {what} are a "
+            f"multiple of {n}.")
 
 
 def shard(x: torch.Tensor, dim: int = 1, what: str = "tokens") -> torch.Tensor:
