@@ -33,15 +33,15 @@ _SKIP = ("_extra_state", "local_tokens_per_expert")
 
 
 def build_meta_model(provider, parallel_config, dtype: torch.dtype):
-    """The provider's model chunk (one pipeline stage holding everything) on the meta device,
-    parameters in ``dtype``, no initialisation. Needs ``parallel.initialize`` first."""
+    """The provider's model chunk of this rank on the meta device (no memory), parameters in
+    ``dtype``. Needs ``parallel.initialize`` first."""
     from megatron.core import parallel_state as ps
 
     from loong_core.engines.megatron import parallel
 
     mcfg = provider.megatron_config(parallel.transformer_kwargs(parallel_config))
-    mcfg.params_dtype = dtype
-    mcfg.perform_initialization = False
+    mcfg.params_dtype = dtype  # initialising on the meta device costs nothing (and marks the
+    # parameters' TP attributes, which megatron-core sets only while initialising)
     with torch.device("meta"):
         chunk = provider.build_megatron_model(mcfg, ps.is_pipeline_first_stage(),
                                               ps.is_pipeline_last_stage(), None)
@@ -149,6 +149,39 @@ def save_streaming(chunk, produce: Callable[[str], torch.Tensor], directory: str
     save_config(CheckpointingConfig("torch_dist", 1), str(directory))
 
 
+class _FileRange(io.RawIOBase):
+    """Bytes ``[offset, offset + length)`` of an open file, as a seekable file of their own."""
+
+    def __init__(self, handle, offset: int, length: int):
+        super().__init__()
+        self.handle, self.start, self.length, self.pos = handle, offset, length, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.length}[whence]
+        self.pos = min(max(base + offset, 0), self.length)
+        return self.pos
+
+    def readinto(self, buffer) -> int:
+        view = memoryview(buffer).cast("B")
+        size = min(len(view), self.length - self.pos)
+        if size <= 0:
+            return 0
+        got = os.preadv(self.handle.fileno(), [view[:size]], self.start + self.pos)
+        if got < size and got <= 0:
+            raise CheckpointError(f"{self.handle.name} is truncated.")
+        self.pos += got
+        return got
+
+
 class CheckpointTensors:
     """Regions of the tensors of a torch_dist checkpoint, read chunk by chunk (no model).
 
@@ -162,7 +195,6 @@ class CheckpointTensors:
 
         self.dir = Path(directory)
         self.metadata = read_metadata_file(self.dir / ".metadata")
-        self._fds: dict[str, int] = {}
 
     def dtype(self, key: str) -> torch.dtype:
         """Stored dtype of tensor ``key``."""
@@ -184,13 +216,9 @@ class CheckpointTensors:
         if getattr(info, "transform_descriptors", None):
             raise CheckpointError(f"{self.dir}/{info.relative_path}: chunk of {key!r} is stored "
                                   f"with transforms {info.transform_descriptors}, not supported.")
-        fd = self._fds.get(info.relative_path)
-        if fd is None:
-            fd = self._fds[info.relative_path] = os.open(self.dir / info.relative_path, os.O_RDONLY)
-        blob = os.pread(fd, info.length, info.offset)
-        if len(blob) != info.length:
-            raise CheckpointError(f"{self.dir}/{info.relative_path} is truncated (chunk of {key!r}).")
-        return load_torch_file(io.BytesIO(blob), info.relative_path)
+        with open(self.dir / info.relative_path, "rb") as handle:
+            # torch.load reads the chunk's record straight into its tensor (one copy)
+            return load_torch_file(_FileRange(handle, info.offset, info.length), info.relative_path)
 
     def read(self, key: str, offsets: tuple, shape: tuple) -> torch.Tensor:
         """The region of ``key`` at ``offsets`` of ``shape`` (the stored chunk itself, no copy,
@@ -226,10 +254,7 @@ class CheckpointTensors:
                                   f"{out.numel()} values of the region at {tuple(offsets)}.")
 
     def close(self) -> None:
-        """Close the files."""
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
+        """Nothing stays open between reads (kept for symmetry with the readers)."""
 
 
 class StreamedState:
