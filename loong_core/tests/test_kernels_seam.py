@@ -109,6 +109,24 @@ def test_doctor_reports_versions_devices_and_the_kernel_table(capsys):
     assert "attention" in table and "yes*" in table
 
 
+def test_auto_picks_compile_on_cpu_only_for_runs_long_enough_to_recover_the_compile_cost(capsys):
+    from loong_core.cli import doctor_cmd
+    from loong_core.kernels.ops import COMPILE_AUTO_MIN_STEPS_CPU as steps
+    from loong_core.kernels.resolve import is_available
+
+    reg = get_plugin_system().registry()
+    compiles = is_available(reg.get("kernel", "rms_norm:compile"))
+    assert resolve_op("rms_norm", "auto", "cpu", reg).backend == "torch"  # no loong train: no steps
+    assert resolve_op("rms_norm", "auto", "cpu", reg, train_steps=steps - 1).backend == "torch"
+    assert resolve_op("rms_norm", "auto", "cpu", reg, train_steps=steps).backend == ("compile" if compiles
+                                                                                      else "torch")
+    assert resolve_op("rms_norm", "auto", "cuda", reg, train_steps=10 * steps).backend != "compile"
+    assert resolve_op("attention", "auto", "cpu", reg, train_steps=steps).backend == "sdpa"
+    doctor_cmd.run(argparse.Namespace(json=False), [])
+    if compiles:
+        assert f"auto picks compile on cpu for runs of >= {steps} steps" in capsys.readouterr().out
+
+
 def test_doctor_versions_import_nothing_heavy():
     code = ("import sys; from loong_core.cli.doctor_cmd import versions; v = versions(); "
             "assert 'torch' not in sys.modules and 'megatron' not in sys.modules, sorted(sys.modules); "

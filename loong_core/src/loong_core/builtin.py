@@ -43,7 +43,7 @@ def loong_register_cli_commands(register):
 
 @hookimpl
 def loong_register_kernels(register):
-    from loong_core.kernels.ops import OPS
+    from loong_core.kernels.ops import COMPILE_AUTO_MIN_STEPS_CPU, OPS
 
     for op in OPS:
         if op == "attention":
@@ -54,6 +54,7 @@ def loong_register_kernels(register):
                  description="torch reference (plain autograd)")
         register(f"{op}:compile", f"loong_core.kernels.compiled:{op}", reference=reference,
                  available="loong_core.kernels.availability:compile_available",
+                 auto_on=("cpu",), auto_priority=10, auto_min_steps=COMPILE_AUTO_MIN_STEPS_CPU,
                  description="the torch reference under torch.compile")
     reference = "loong_core.kernels.reference:attention"
     register("attention:eager", reference, reference=reference,

@@ -189,7 +189,7 @@ def _train(overrides: list[str]) -> dict:
     device.setup()
     from loong_core import kernels
 
-    kernels.configure(cfg.kernels, device.device_type, registry)
+    kernels.configure(cfg.kernels, device.device_type, registry, train_steps=cfg.trainer.train_iters)
     _init_process_group(device.dist_backend, device)
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     if rank != 0:

@@ -52,14 +52,16 @@ def kernel_table(registry, device_type: str) -> dict:
     """``{"backends": [...], "ops": {op: {backend: available}}, "auto": {op: backend}}`` for
     ``device_type`` (the device ``device=auto`` picks)."""
     from loong_core.kernels.ops import OPS
-    from loong_core.kernels.resolve import backends, is_available, resolve_op
+    from loong_core.kernels.resolve import auto_rules, backends, is_available, resolve_op
 
     table, names = {}, []
     for op in OPS:
         table[op] = {b: is_available(e) for b, e in backends(op, registry).items()}
         names += [b for b in table[op] if b not in names]
     auto = {op: resolve_op(op, "auto", device_type, registry).backend for op in OPS}
-    return {"device": device_type, "backends": names, "ops": table, "auto": auto}
+    rules = [rule for backend, rule in auto_rules(device_type, registry).items()
+             if any(table[op].get(backend) for op in OPS)]
+    return {"device": device_type, "backends": names, "ops": table, "auto": auto, "auto_rules": rules}
 
 
 def report() -> dict:
@@ -98,4 +100,6 @@ def run(args, extra) -> int:
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     for r in rows:
         print("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)))
+    for rule in k["auto_rules"]:
+        print(f"  {rule} (* shows a run without steps: no loong train)")
     return 0

@@ -48,7 +48,8 @@ def _default_device() -> str:
     return select_device("auto").device_type  # the backend loong would train on here
 
 
-def configure(section: Any = None, device_type: str | None = None, registry=None) -> dict:
+def configure(section: Any = None, device_type: str | None = None, registry=None,
+              train_steps: int | None = None) -> dict:
     """Resolve every op for this process.
 
     Args:
@@ -56,6 +57,9 @@ def configure(section: Any = None, device_type: str | None = None, registry=None
             ``$LOONG_KERNELS``.
         device_type: ``cpu``, ``cuda``, ... (None: what torch sees).
         registry: Plugin registry (default: the process's).
+        train_steps: The run's ``trainer.train_iters``: ``auto`` picks a backend registered
+            with ``auto_min_steps`` (``compile`` on CPU) only for runs that long; None (no
+            ``loong train``) never does.
 
     Returns:
         ``op -> Choice`` (see :mod:`loong_core.kernels.resolve`).
@@ -70,7 +74,7 @@ def configure(section: Any = None, device_type: str | None = None, registry=None
         from loong_core.plugins import get_plugin_system
 
         registry = get_plugin_system().registry()
-    choices = resolve_all(_requested(section), device_type or _default_device(), registry)
+    choices = resolve_all(_requested(section), device_type or _default_device(), registry, train_steps)
     _choices = choices
     _loaded.clear()
     logger.debug("kernels: %s", ", ".join(f"{op}={c.backend}" for op, c in choices.items()))

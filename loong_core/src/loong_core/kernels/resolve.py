@@ -7,6 +7,9 @@ predicate ``() -> bool``). Optional metadata steers ``auto``:
 - ``auto_on``: device types (``"cuda"``, ``"cpu"``, ...) where ``auto`` may pick the backend;
   by default ``triton`` on ``cuda`` only (see :data:`ops.DEFAULT_AUTO_ON`).
 - ``auto_priority``: int, the highest available candidate wins (default 100 for ``triton``, 0).
+- ``auto_min_steps``: int, ``auto`` picks the backend only for runs of at least that many
+  steps (``trainer.train_iters``): a one-time cost per process, such as ``torch.compile``'s,
+  must be recovered by the faster steps. Unknown steps (no ``loong train``) never qualify.
 
 ``auto`` falls back to the op's plain backend (:data:`ops.PLAIN`: ``torch``; ``sdpa`` for
 attention). Name checks need no torch; availability checks import the predicate's module.
@@ -72,6 +75,24 @@ def _priority(backend: str, entry: Entry) -> int:
     return int(entry.meta.get("auto_priority", DEFAULT_AUTO_PRIORITY.get(backend, 0)))
 
 
+def _enough_steps(entry: Entry, train_steps: int | None) -> bool:
+    need = entry.meta.get("auto_min_steps")
+    return need is None or (train_steps is not None and train_steps >= int(need))
+
+
+def auto_rules(device_type: str, registry: Registry) -> dict[str, str]:
+    """``backend -> rule`` of the backends ``auto`` may pick on ``device_type`` only under a
+    condition (``auto_min_steps``), in words for ``loong doctor``."""
+    rules = {}
+    for entry in registry.entries("kernel"):
+        _, _, backend = entry.name.partition(":")
+        need = entry.meta.get("auto_min_steps")
+        if need is not None and device_type in _auto_on(backend, entry):
+            rules[backend] = (f"auto picks {backend} on {device_type} for runs of >= {int(need)} steps "
+                              f"(trainer.train_iters), else the plain backend")
+    return rules
+
+
 def check_names(requested: dict[str, str], registry: Registry) -> None:
     """Every requested backend is ``auto`` or registered for its op (no import, no torch).
 
@@ -91,8 +112,10 @@ def check_names(requested: dict[str, str], registry: Registry) -> None:
                 f"(`loong doctor` shows which run on this machine).")
 
 
-def resolve_op(op: str, requested: str, device_type: str, registry: Registry) -> Choice:
-    """Pick the backend of one op for ``device_type``.
+def resolve_op(op: str, requested: str, device_type: str, registry: Registry,
+              train_steps: int | None = None) -> Choice:
+    """Pick the backend of one op for ``device_type`` (``train_steps``: the run's
+    ``trainer.train_iters``, for backends with ``auto_min_steps``).
 
     Raises:
         ConfigError: the backend is unknown, or not available on this machine (listing the
@@ -106,7 +129,8 @@ def resolve_op(op: str, requested: str, device_type: str, registry: Registry) ->
     known = backends(op, registry)
     if requested == AUTO:
         candidates = [(b, e) for b, e in known.items()
-                      if device_type in _auto_on(b, e) and is_available(e)]
+                      if device_type in _auto_on(b, e) and _enough_steps(e, train_steps)
+                      and is_available(e)]
         if candidates:
             backend, entry = max(candidates, key=lambda c: (_priority(*c), c[0]))
             return Choice(op, requested, backend, entry)
@@ -125,6 +149,7 @@ def resolve_op(op: str, requested: str, device_type: str, registry: Registry) ->
     return Choice(op, requested, requested, entry)
 
 
-def resolve_all(requested: dict[str, str], device_type: str, registry: Registry) -> dict[str, Choice]:
+def resolve_all(requested: dict[str, str], device_type: str, registry: Registry,
+                train_steps: int | None = None) -> dict[str, Choice]:
     """Resolve every op of :data:`ops.OPS` (missing ones are ``auto``)."""
-    return {op: resolve_op(op, requested.get(op, AUTO), device_type, registry) for op in OPS}
+    return {op: resolve_op(op, requested.get(op, AUTO), device_type, registry, train_steps) for op in OPS}
