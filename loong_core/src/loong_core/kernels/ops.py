@@ -29,8 +29,9 @@ DEFAULT_AUTO_PRIORITY: dict[str, int] = {"triton": 100}
 
 # ``auto`` picks the ``compile`` backends (each reference under ``torch.compile``) on CPU for runs
 # of at least this many steps. Measured end to end on the default experiment
-# (benchmarks/compile_end_to_end.py, docs/kernels.md): compiled, a step is 0.048 s (7%) faster;
-# compiling every op when a process starts costs up to ~60 s with an empty inductor cache, which
-# those savings recover after 60 / 0.048 = 1250 steps. Shorter runs (the test suite's, the default
-# experiment's 300) and everything outside ``loong train`` keep the references.
-COMPILE_AUTO_MIN_STEPS_CPU = 1250
+# (benchmarks/compile_end_to_end.py, docs/kernels.md): compiled, a step is 0.047 s (7%) faster;
+# compiling every op with an empty inductor cache cost 22 s more than with a warm one, which
+# those savings recover after ~470 steps. Twice that, for a margin over one noisy run per arm:
+# shorter runs (the test suite's, the default experiment's 300, vlm_digits' 600) and everything
+# outside ``loong train`` keep the references.
+COMPILE_AUTO_MIN_STEPS_CPU = 1000
