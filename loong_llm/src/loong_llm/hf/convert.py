@@ -152,10 +152,11 @@ def can_stream(provider, tp: int, pp: int, ep: int, model_only: bool) -> bool:
 
 
 class _ModelOnly:
-    """Just the model chunks (no DDP buffers, no optimizer): a checkpoint for ``init_from``."""
+    """Just the model chunks (no DDP buffers, no optimizer), in the source's dtype: a checkpoint
+    for ``init_from`` at any layout."""
 
-    def __init__(self, config, device, provider):
-        self.config, self.device, self.provider = config, device, provider
+    def __init__(self, config, device, provider, dtype):
+        self.config, self.device, self.provider, self.dtype = config, device, provider, dtype
 
     def init_parallel(self):
         from loong_core.engines.megatron import parallel
@@ -168,6 +169,9 @@ class _ModelOnly:
         from loong_core.engines.megatron import parallel
 
         mcfg = self.provider.megatron_config(parallel.transformer_kwargs(self.config.parallel))
+        mcfg.params_dtype = self.dtype
+        # perform_initialization stays on: megatron-core marks the TP attributes of a parameter
+        # (which the HF loader shards by) only while initialising it
         self.chunk = self.provider.build_megatron_model(
             mcfg, ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage(), None)
         self.provider.initialize_weights([self.chunk])
@@ -217,7 +221,8 @@ def hf_to_loong_rank(family: str, src: str, dst: str, tp: int, pp: int, ep: int,
     if can_stream(provider, tp, pp, ep, model_only):
         engine = _Streaming(config, device, provider, getattr(torch, hf_dtype))
     else:
-        engine = (_ModelOnly if model_only else MegatronEngine)(config, device, provider)
+        engine = (_ModelOnly(config, device, provider, getattr(torch, hf_dtype)) if model_only
+                  else MegatronEngine(config, device, provider))
     engine.init_parallel()
     engine.setup()  # builds the chunks and loads the HF weights into them
     if not model_only:
