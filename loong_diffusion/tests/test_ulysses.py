@@ -4,9 +4,14 @@ from the same initial state (the same seed builds the same weights on every layo
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 
-from loong_core.testing import read_metrics, run_train
+from loong_core.testing import free_port, read_metrics, run_train
 
 STEPS = 4
 COMMON = ["trainer.progress_bar=false", "trainer.tensorboard=false", "trainer.log_interval=1",
@@ -55,3 +60,65 @@ def test_ulysses_size_not_dividing_the_heads_is_a_config_error(tmp_path):
     text = result.stdout + result.stderr
     assert "'parallel.ulysses_size' = 3 must divide the attention heads of model 'wan' (2 heads" in text, text
     assert "valid ulysses_size: 1, 2" in text and "Traceback" not in text, text
+
+
+# Two gloo ranks run the small DiT with a Ulysses group: every block sees half of the tokens, and
+# the gathered output and the input gradient equal one rank's.
+DIT_WORKER = r"""
+import json, os, sys
+import torch
+import torch.distributed as dist
+from loong_core.engines.torch_native import ulysses
+from loong_diffusion.families.dit.config import DiTConfig
+from loong_diffusion.families.dit.model import DiT
+
+rank, port = int(sys.argv[1]), int(sys.argv[2])
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+torch.manual_seed(0)
+model = DiT(DiTConfig(hidden_size=32, num_layers=2, num_attention_heads=2))
+for p in model.parameters():  # no zero-initialised layers: every path carries a gradient
+    torch.nn.init.normal_(p, std=0.2)
+x = torch.randn(2, 1, 8, 8)
+t, label = torch.tensor([100.0, 700.0]), torch.tensor([3, 5])
+
+
+def run():
+    xx = x.clone().requires_grad_()
+    seen = []
+    hook = model.blocks[0].register_forward_pre_hook(lambda _m, args: seen.append(args[0].shape[1]))
+    out = model(xx, t, label)
+    hook.remove()
+    model.zero_grad()
+    (out.square().sum() / ulysses.size()).backward()  # each rank's share of the loss
+    grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+    return out.detach(), xx.grad, grads, seen[0]
+
+
+ref_out, ref_dx, ref_grads, ref_tokens = run()
+ulysses.set_group(dist.group.WORLD)
+out, dx, grads, tokens = run()
+dist.all_reduce(dx)
+dist.all_reduce(grads)  # parameter gradients summed over the group
+def rel(a, b):  # largest difference relative to the largest reference value
+    return ((a - b).abs().max() / b.abs().max()).item()
+
+
+print(json.dumps({"tokens": [ref_tokens, tokens], "out": rel(out, ref_out), "dx": rel(dx, ref_dx),
+                  "grads": rel(grads, ref_grads)}), flush=True)
+os._exit(0)  # skip interpreter teardown (gloo threads)
+"""
+
+
+@pytest.mark.multirank
+def test_dit_blocks_see_half_the_tokens_and_match_one_rank():
+    port = free_port()
+    env = {**os.environ, "LOONG_DEVICE": "cpu", "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, "-c", DIT_WORKER, str(rank), str(port)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for rank in range(2)]
+    for p, (out, err) in zip(procs, [p.communicate(timeout=300) for p in procs]):
+        assert p.returncode == 0, err[-4000:]
+        result = json.loads(out.strip().splitlines()[-1])
+        assert result["tokens"] == [16, 8], result
+        for name in ("out", "dx", "grads"):  # fp32 (the timestep embedding is fp32), relative
+            assert result[name] < 1e-6, (name, result)
