@@ -57,10 +57,10 @@ class DiffusersAdapter:
     def hf_to_loong(self, hf_dir: str | Path, checkpoint_dir: str | Path) -> Path:
         """Write the diffusers model in ``hf_dir`` as a loong checkpoint directory (atomically), in
         the dtype of its safetensors (a bf16 model stays bf16)."""
+        import torch
+
         from loong_core.engines.torch_native.checkpointing import save_model_only
         from loong_diffusion.diffusers_dit import load_diffusers_dir
-
-        import torch
 
         model = load_diffusers_dir(self._cls(), str(hf_dir))
         dtype = source_dtype(hf_dir)
