@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from loong_core.testing import losses, run_train
+from loong_core.testing import losses, read_metrics, run_train
 
 STEPS = 5
 LOGGING = ["trainer.log_interval=1", "trainer.eval_interval=0", "trainer.progress_bar=false",
@@ -108,3 +108,8 @@ def test_packed_documents_cp2(tmp_path):
     common, ref = _reference(tmp_path, base, init=False)
     _run_cp([*common, CP2, f"trainer.run_dir={tmp_path / 'cp2'}"], 2, "CP=2 EP=1 DP=1")
     _assert_curve(losses(tmp_path / "cp2"), ref, range(1, STEPS + 1), "packed llama cp2")
+    # tokens/s (and MFU) count every token the model processed, not only the assistant tokens
+    # that carry the loss: 8 sequences x 128 tokens per step, once per replica (not per CP rank).
+    for run in ("ref", "cp2"):
+        for record in read_metrics(tmp_path / run):
+            assert record["tokens_per_sec"] * record["step_time"] == pytest.approx(8 * 128, rel=1e-9), (run, record)

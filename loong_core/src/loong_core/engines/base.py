@@ -32,6 +32,10 @@ class StepResult:
     Attributes:
         loss: Mean loss over the tokens of the global batch.
         tokens: Loss tokens in the global batch.
+        items: Items the model processed in the global batch, as the provider's ``tokens_in``
+            counts them (every token of a sequence, not only those with a loss: prompts, image
+            placeholders and padding of SFT / VLM batches included), for tokens/s and MFU;
+            None when the engine counts none (then ``tokens`` is used).
         grad_norm: Global gradient norm before clipping (NaN when not computed).
         lr: Learning rate used for the step.
         skipped: Whether the optimizer skipped the update.
@@ -47,6 +51,7 @@ class StepResult:
     skipped: bool = False
     nonfinite: bool = False
     extra: dict | None = None
+    items: float | None = None
 
 
 class Engine:

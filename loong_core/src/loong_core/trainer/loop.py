@@ -181,7 +181,7 @@ class Trainer:
                 self.run.iteration = step
                 if result.skipped:
                     self.skipped_steps += 1
-                self.throughput.add(result.tokens, elapsed)
+                self.throughput.add(result.tokens if result.items is None else result.items, elapsed)
                 metrics = {
                     "loss": result.loss, "lr": result.lr, "grad_norm": result.grad_norm,
                     **self.throughput.averages(), "step_time": elapsed,

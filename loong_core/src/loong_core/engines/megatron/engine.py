@@ -140,25 +140,38 @@ class MegatronEngine(Engine):
             forward_only=forward_only,
         )
 
-    def _reduce_losses(self, outputs: list[dict]) -> tuple[float, float, dict]:
+    def _items_processed(self, micro_batches: list[dict]) -> float:
+        """This rank's share of the items of the global batch (the provider's ``tokens_in``):
+        counted on one rank per data-parallel replica, since the TP, PP and CP ranks of a replica
+        read the same (unsliced) micro batches."""
+        from megatron.core import parallel_state as ps
+
+        if (ps.get_tensor_model_parallel_rank() or ps.get_pipeline_model_parallel_rank()
+                or ps.get_context_parallel_rank()):
+            return 0.0
+        return float(sum(self.provider.tokens_in(batch) for batch in micro_batches))
+
+    def _reduce_losses(self, outputs: list[dict], items: float = 0.0) -> tuple[float, float, dict, float]:
         """Sum ``[loss_sum, tokens]`` over micro batches and DP x CP ranks (each context-parallel
-        rank holds its share of the tokens); every rank gets the result."""
+        rank holds its share of the tokens), and this rank's ``items`` over all ranks, in one
+        all-reduce; every rank gets ``(loss, tokens, extra, items)``."""
         from megatron.core import parallel_state as ps
 
         owner = (ps.is_pipeline_last_stage(ignore_virtual=True)
                  and ps.get_tensor_model_parallel_rank() == 0)
         names = list(getattr(self.provider, "reported_metrics", ("loss",)))
-        vec = torch.zeros(2 * len(names), dtype=torch.float64)
+        vec = torch.zeros(2 * len(names) + 1, dtype=torch.float64)
         if owner:
             for i, name in enumerate(names):
                 for out in outputs:
                     if name in out:
                         vec[2 * i: 2 * i + 2] += out[name].detach().double().cpu().reshape(2)
+        vec[-1] = items
         torch.distributed.all_reduce(vec)
         loss = (vec[0] / vec[1]).item() if vec[1] > 0 else float("nan")
         extra = {name: (vec[2 * i] / max(vec[2 * i + 1].item(), 1.0)).item()
                  for i, name in enumerate(names) if i > 0}
-        return loss, vec[1].item(), extra
+        return loss, vec[1].item(), extra, vec[-1].item()
 
     def train_step(self, micro_batches: list[dict]) -> StepResult:
         for chunk in self.model:
@@ -172,7 +185,7 @@ class MegatronEngine(Engine):
         lr = self.optimizer.param_groups[0]["lr"]
         if ok:  # as Megatron-LM: a step skipped for an fp16 overflow does not advance the schedule
             self.scheduler.step(increment=1)
-        loss, tokens, extra = self._reduce_losses(outputs)
+        loss, tokens, extra, items = self._reduce_losses(outputs, self._items_processed(micro_batches))
         if self.precision.name == "fp16":
             extra["loss_scale"] = float(self.optimizer.get_loss_scale())
         if not ok and finite:
@@ -180,7 +193,8 @@ class MegatronEngine(Engine):
                            float(self.optimizer.get_loss_scale()))
         return StepResult(loss=loss, tokens=tokens,
                           grad_norm=float(grad_norm) if grad_norm is not None else math.nan,
-                          lr=float(lr), skipped=not ok, nonfinite=not finite, extra=extra)
+                          lr=float(lr), skipped=not ok, nonfinite=not finite, extra=extra,
+                          items=items)
 
     @torch.no_grad()
     def eval_step(self, micro_batches: list[dict]) -> StepResult:
@@ -191,7 +205,7 @@ class MegatronEngine(Engine):
         finally:
             for chunk in self.model:
                 chunk.train()
-        loss, tokens, extra = self._reduce_losses(outputs)
+        loss, tokens, extra, _ = self._reduce_losses(outputs)
         return StepResult(loss=loss, tokens=tokens, extra=extra)
 
     # -- checkpoints ---------------------------------------------------------------------------
