@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from loong_core.engines.megatron.seam.context_parallel import GatherSequence
+from loong_core.engines.sequence_collectives import GatherSequence
 from loong_core.errors import ConfigError
 
 _GROUP = None

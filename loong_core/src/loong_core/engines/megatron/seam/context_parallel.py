@@ -23,28 +23,9 @@ over all keys (a mask need not be causal), as a dense mask.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from loong_core import kernels
-
-
-class GatherSequence(torch.autograd.Function):
-    """All-gather along dim 0 over ``group``; backward reduce-scatters the gradient."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
-        ctx.group = group
-        x = x.contiguous()
-        out = x.new_empty((group.size() * x.shape[0], *x.shape[1:]))
-        dist.all_gather_into_tensor(out, x, group=group)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        grad = grad.contiguous()
-        out = grad.new_empty((grad.shape[0] // ctx.group.size(), *grad.shape[1:]))
-        dist.reduce_scatter_tensor(out, grad, group=ctx.group)
-        return out, None
+from loong_core.engines.sequence_collectives import GatherSequence
 
 
 def chunk_order(size: int) -> list[int]:
