@@ -3,10 +3,6 @@ attention (forward and backward) of two gloo ranks against one-rank attention.""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import pytest
@@ -14,7 +10,7 @@ import pytest
 from loong_core.engines.megatron.context_parallel import check_seq_length, sequence_multiple
 from loong_core.engines.megatron.seam.context_parallel import chunk_order, local_chunks
 from loong_core.errors import ConfigError
-from loong_core.testing import free_port
+from loong_core.testing import run_gloo_workers
 
 
 def _parallel(cp, tp=1, sp=False):
@@ -91,15 +87,7 @@ os._exit(0)  # skip interpreter teardown: gloo's threads can abort it ("terminat
 
 @pytest.mark.multirank
 def test_all_gather_attention_equals_one_rank_forward_and_backward():
-    port = free_port()
-    env = {**os.environ, "LOONG_DEVICE": "cpu", "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(rank), str(port)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for rank in range(2)]
-    outputs = [p.communicate(timeout=300) for p in procs]
-    for p, (out, err) in zip(procs, outputs):
-        assert p.returncode == 0, err[-4000:]
-        errors = json.loads(out.strip().splitlines()[-1])
+    for errors in run_gloo_workers(WORKER):
         assert set(errors) == {"causal", "packed"}
         for name, value in errors.items():
             assert value < 1e-12, (name, value)

@@ -4,17 +4,13 @@ backward."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import pytest
 
 from loong_core.config.ulysses_rules import check_ulysses, check_ulysses_world
 from loong_core.errors import ConfigError
-from loong_core.testing import free_port
+from loong_core.testing import run_gloo_workers
 
 
 class _Heads(SimpleNamespace):
@@ -100,15 +96,7 @@ os._exit(0)  # skip interpreter teardown (gloo threads)
 
 @pytest.mark.multirank
 def test_all_to_all_attention_equals_one_rank_forward_and_backward():
-    port = free_port()
-    env = {**os.environ, "LOONG_DEVICE": "cpu", "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(rank), str(port)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for rank in range(2)]
-    outputs = [p.communicate(timeout=300) for p in procs]
-    for p, (out, err) in zip(procs, outputs):
-        assert p.returncode == 0, err[-4000:]
-        errors = json.loads(out.strip().splitlines()[-1])
+    for errors in run_gloo_workers(WORKER):
         assert set(errors) == {"self", "joint", "shard_gather"}
         for name, value in errors.items():
             assert value < 1e-12, (name, value)

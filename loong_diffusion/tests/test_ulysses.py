@@ -4,14 +4,9 @@ from the same initial state (the same seed builds the same weights on every layo
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
-from loong_core.testing import free_port, read_metrics, run_train
+from loong_core.testing import read_metrics, run_gloo_workers, run_train
 
 STEPS = 4
 COMMON = ["trainer.progress_bar=false", "trainer.tensorboard=false", "trainer.log_interval=1",
@@ -111,14 +106,7 @@ os._exit(0)  # skip interpreter teardown (gloo threads)
 
 @pytest.mark.multirank
 def test_dit_blocks_see_half_the_tokens_and_match_one_rank():
-    port = free_port()
-    env = {**os.environ, "LOONG_DEVICE": "cpu", "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, "-c", DIT_WORKER, str(rank), str(port)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for rank in range(2)]
-    for p, (out, err) in zip(procs, [p.communicate(timeout=300) for p in procs]):
-        assert p.returncode == 0, err[-4000:]
-        result = json.loads(out.strip().splitlines()[-1])
+    for result in run_gloo_workers(DIT_WORKER):
         assert result["tokens"] == [16, 8], result
         for name in ("out", "dx", "grads"):  # fp32 (the timestep embedding is fp32), relative
             assert result[name] < 1e-6, (name, result)

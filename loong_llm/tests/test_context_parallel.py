@@ -7,20 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from loong_core.testing import losses, read_metrics, run_train
+from loong_core.testing import assert_loss_curve, losses, read_metrics, run_train
 
 STEPS = 5
 LOGGING = ["trainer.log_interval=1", "trainer.eval_interval=0", "trainer.progress_bar=false",
            "trainer.tensorboard=false"]
 CP2 = "parallel.context_parallel_size=2"
-
-
-def _assert_curve(got: dict, ref: dict, steps, label: str) -> None:
-    assert sorted(got) == list(steps), (label, got)
-    print(f"{label}: max |loss - one rank| over steps {steps.start}-{steps.stop - 1} = "
-          f"{max(abs(got[s] - ref[s]) for s in steps):.2e}")
-    for step in steps:
-        assert got[step] == pytest.approx(ref[step], abs=2e-5, rel=0), (label, step, got, ref)
 
 
 def _run_cp(overrides: list[str], nproc: int, layout: str):
@@ -56,14 +48,14 @@ def test_llama_cp2_follows_one_rank_and_resumes_at_cp1(llama, tiny):
     cp2 = root / "cp2"
     _run_cp([*common, CP2, "trainer.save_interval=3", f"trainer.run_dir={cp2}"], 2,
             "TP=1 PP=1 VPP=1 CP=2 EP=1 DP=1")
-    _assert_curve(losses(cp2), ref, range(1, STEPS + 1), "cp2")
+    assert_loss_curve(losses(cp2), ref, range(1, STEPS + 1), "cp2")
 
     # The CP2 checkpoint (weights, optimizer, data position) resumes on one rank.
     cp1 = root / "cp1_from_cp2"
     resume = [o for o in common if not o.startswith("trainer.init_from=")]
     run_train([*resume, f"trainer.run_dir={cp1}",
                f"trainer.resume={cp2 / 'checkpoints' / 'iter_0000003'}"])
-    _assert_curve(losses(cp1), ref, range(4, STEPS + 1), "cp1 from cp2")
+    assert_loss_curve(losses(cp1), ref, range(4, STEPS + 1), "cp1 from cp2")
 
 
 @pytest.mark.multirank
@@ -72,7 +64,7 @@ def test_llama_cp2_tp2_with_distributed_optimizer(llama):
     run_dir = root / "cp2_tp2"
     _run_cp([*common, "parallel=tp2", CP2, "parallel.use_distributed_optimizer=true",
              f"trainer.run_dir={run_dir}"], 4, "TP=2 PP=1 VPP=1 CP=2 EP=1 DP=1 SP=True dist-opt=True")
-    _assert_curve(losses(run_dir), ref, range(1, STEPS + 1), "cp2 x tp2 (sp, distopt)")
+    assert_loss_curve(losses(run_dir), ref, range(1, STEPS + 1), "cp2 x tp2 (sp, distopt)")
 
 
 @pytest.mark.multirank
@@ -80,14 +72,14 @@ def test_moe_cp2_with_expert_parallel(tmp_path):
     common, ref = _reference(tmp_path, ["experiment=qwen3_moe_debug"], init=True)
     _run_cp([*common, CP2, "parallel.expert_model_parallel_size=2",
              f"trainer.run_dir={tmp_path / 'cp2_ep2'}"], 2, "CP=2 EP=2 DP=1")
-    _assert_curve(losses(tmp_path / "cp2_ep2"), ref, range(1, STEPS + 1), "qwen3_moe cp2 x ep2")
+    assert_loss_curve(losses(tmp_path / "cp2_ep2"), ref, range(1, STEPS + 1), "qwen3_moe cp2 x ep2")
 
 
 @pytest.mark.multirank
 def test_mla_cp2(tmp_path):
     common, ref = _reference(tmp_path, ["experiment=deepseek_v3_debug"], init=False)
     _run_cp([*common, CP2, f"trainer.run_dir={tmp_path / 'cp2'}"], 2, "CP=2 EP=1 DP=1")
-    _assert_curve(losses(tmp_path / "cp2"), ref, range(1, STEPS + 1), "deepseek_v3 (MLA) cp2")
+    assert_loss_curve(losses(tmp_path / "cp2"), ref, range(1, STEPS + 1), "deepseek_v3 (MLA) cp2")
 
 
 def test_seq_length_that_does_not_split_is_a_config_error(tiny, tmp_path):
@@ -107,7 +99,7 @@ def test_packed_documents_cp2(tmp_path):
     base = ["experiment=llama_debug", "data=chatterbot", "model.num_layers=2"]
     common, ref = _reference(tmp_path, base, init=False)
     _run_cp([*common, CP2, f"trainer.run_dir={tmp_path / 'cp2'}"], 2, "CP=2 EP=1 DP=1")
-    _assert_curve(losses(tmp_path / "cp2"), ref, range(1, STEPS + 1), "packed llama cp2")
+    assert_loss_curve(losses(tmp_path / "cp2"), ref, range(1, STEPS + 1), "packed llama cp2")
     # tokens/s (and MFU) count every token the model processed, not only the assistant tokens
     # that carry the loss: 8 sequences x 128 tokens per step, once per replica (not per CP rank).
     for run in ("ref", "cp2"):

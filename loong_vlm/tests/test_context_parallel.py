@@ -10,21 +10,13 @@ from __future__ import annotations
 
 import pytest
 
-from loong_core.testing import losses, read_metrics, run_train
+from loong_core.testing import assert_loss_curve, losses, read_metrics, run_train
 
 STEPS = 5
 COMMON = [f"trainer.train_iters={STEPS}", "trainer.log_interval=1", "trainer.eval_interval=0",
           "trainer.progress_bar=false", "trainer.tensorboard=false", "trainer.save_at_end=false",
           "optim.lr_decay_iters=20"]
 CP2 = "parallel.context_parallel_size=2"
-
-
-def _assert_curve(got: dict, ref: dict, steps, label: str) -> None:
-    assert sorted(got) == list(steps), (label, got)
-    print(f"{label}: max |loss - one rank| over steps {steps.start}-{steps.stop - 1} = "
-          f"{max(abs(got[s] - ref[s]) for s in steps):.2e}")
-    for step in steps:
-        assert got[step] == pytest.approx(ref[step], abs=2e-5, rel=0), (label, step, got, ref)
 
 
 def _run(overrides: list[str], nproc: int, layout: str) -> None:
@@ -40,18 +32,18 @@ def test_qwen2_5_vl_cp2_cp1_checkpoint_and_balanced_dp2(tmp_path):
     assert ref[STEPS] < ref[1] - 0.1  # the weights move: a frozen model could not pass
 
     _run([*common, CP2, f"trainer.run_dir={tmp_path / 'cp2'}"], 2, "CP=2 EP=1 DP=1")
-    _assert_curve(losses(tmp_path / "cp2"), ref, range(1, STEPS + 1), "qwen2_5_vl cp2")
+    assert_loss_curve(losses(tmp_path / "cp2"), ref, range(1, STEPS + 1), "qwen2_5_vl cp2")
 
     # The one-rank checkpoint (weights, optimizer, data position) resumes under CP2.
     _run([*common, CP2, f"trainer.run_dir={tmp_path / 'cp2_from_cp1'}",
           f"trainer.resume={tmp_path / 'ref' / 'checkpoints' / 'iter_0000003'}"], 2, "CP=2")
-    _assert_curve(losses(tmp_path / "cp2_from_cp1"), ref, range(4, STEPS + 1), "qwen2_5_vl cp2 from cp1")
+    assert_loss_curve(losses(tmp_path / "cp2_from_cp1"), ref, range(4, STEPS + 1), "qwen2_5_vl cp2 from cp1")
 
     # The balancer sees DP = 2 (not DP x CP = 4): each DP rank gets 2 of the 4 samples, one micro
     # batch of 2; with DP x CP ranks it could not give a micro batch of 2 to each.
     _run([*common, CP2, f"trainer.run_dir={tmp_path / 'cp2_dp2'}"], 4,
          "CP=2 EP=1 DP=2")
-    _assert_curve(losses(tmp_path / "cp2_dp2"), ref, range(1, STEPS + 1), "qwen2_5_vl cp2 x dp2 kk_swap")
+    assert_loss_curve(losses(tmp_path / "cp2_dp2"), ref, range(1, STEPS + 1), "qwen2_5_vl cp2 x dp2 kk_swap")
     rows = read_metrics(tmp_path / "cp2_dp2")
     assert all(r["balance/max_over_mean_after"] <= r["balance/max_over_mean_before"] for r in rows)
 
@@ -63,4 +55,4 @@ def test_qwen3_vl_cp2(tmp_path):
     ref = losses(tmp_path / "ref")
     assert ref[STEPS] < ref[1] - 0.1
     _run([*common, CP2, f"trainer.run_dir={tmp_path / 'cp2'}"], 2, "CP=2 EP=1 DP=1")
-    _assert_curve(losses(tmp_path / "cp2"), ref, range(1, STEPS + 1), "qwen3_vl cp2")
+    assert_loss_curve(losses(tmp_path / "cp2"), ref, range(1, STEPS + 1), "qwen3_vl cp2")

@@ -124,6 +124,37 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def run_gloo_workers(script: str, nproc: int = 2, timeout: float = 300) -> list[dict]:
+    """Run ``python -c script RANK PORT`` for ``nproc`` ranks on the cpu device (one thread each)
+    and return every rank's result: the JSON object its last stdout line holds.
+
+    Raises:
+        AssertionError: a rank exited with an error (its stderr tail is the message).
+    """
+    port = free_port()
+    env = {**os.environ, "LOONG_DEVICE": "cpu", "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(rank), str(port)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for rank in range(nproc)]
+    outputs = [p.communicate(timeout=timeout) for p in procs]
+    results = []
+    for p, (out, err) in zip(procs, outputs):
+        assert p.returncode == 0, err[-4000:]
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    return results
+
+
+def assert_loss_curve(got: dict[int, float], ref: dict[int, float], steps: range, label: str,
+                      tolerance: float = 2e-5) -> None:
+    """``got`` has exactly ``steps`` and each loss is within ``tolerance`` (absolute) of ``ref``;
+    prints the largest difference (shown with ``pytest -s``)."""
+    assert sorted(got) == list(steps), (label, got)
+    print(f"{label}: max |loss - one rank| over steps {steps.start}-{steps.stop - 1} = "
+          f"{max(abs(got[s] - ref[s]) for s in steps):.2e}")
+    for step in steps:
+        assert abs(got[step] - ref[step]) <= tolerance, (label, step, got, ref)
+
+
 @contextmanager
 def megatron_single_rank(seed: int = 1234) -> Iterator[None]:
     """A one-rank gloo group and megatron-core parallel state in this process, with the cpu
