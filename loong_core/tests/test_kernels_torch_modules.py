@@ -11,8 +11,7 @@ import torch
 
 from loong_core import kernels
 from loong_core.kernels import reference as ref
-from loong_core.plugins import get_plugin_system
-from loong_core.plugins.registry import KINDS, Entry, Registry
+from loong_core.testing import registry_with_test_kernels
 
 transformers = pytest.importorskip("transformers")
 
@@ -38,12 +37,7 @@ OPS = ("rms_norm", "swiglu", "rope")
 
 
 def configure(counting: bool) -> None:
-    reg = Registry()
-    for kind in KINDS:
-        for entry in get_plugin_system().registry().entries(kind):
-            reg.add(entry)
-    for op in OPS:
-        reg.add(Entry("kernel", f"{op}:count", f"{__name__}:counting_{op}", "test", "test", {}))
+    reg = registry_with_test_kernels({f"{op}:count": f"{__name__}:counting_{op}" for op in OPS})
     kernels.reset()
     kernels.configure({op: "count" for op in OPS} if counting else {}, "cpu", reg)
 

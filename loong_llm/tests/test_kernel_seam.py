@@ -7,9 +7,7 @@ import pytest
 import torch
 
 from loong_core import kernels
-from loong_core.plugins import get_plugin_system
-from loong_core.plugins.registry import KINDS, Entry, Registry
-from loong_core.testing import losses, megatron_single_rank, run_train
+from loong_core.testing import losses, megatron_single_rank, registry_with_test_kernels, run_train
 
 OPS = ("rms_norm", "swiglu", "rope", "cross_entropy", "linear_cross_entropy")
 
@@ -20,16 +18,10 @@ def mcore():
         yield
 
 
-def seam_registry() -> Registry:
+def seam_registry():
     """The installed kernels plus ``<op>:ref``: each torch reference under a non-plain name, so
     the seam's modules replace megatron-core's (the computation stays the reference's)."""
-    reg = Registry()
-    for kind in KINDS:
-        for entry in get_plugin_system().registry().entries(kind):
-            reg.add(entry)
-    for op in OPS:
-        reg.add(Entry("kernel", f"{op}:ref", f"loong_core.kernels.reference:{op}", "test", "test", {}))
-    return reg
+    return registry_with_test_kernels({f"{op}:ref": f"loong_core.kernels.reference:{op}" for op in OPS})
 
 
 def build(family: str, config_kwargs: dict, choices: dict | None):

@@ -144,6 +144,21 @@ def run_gloo_workers(script: str, nproc: int = 2, timeout: float = 300) -> list[
     return results
 
 
+def registry_with_test_kernels(backends: dict[str, str]):
+    """The installed plugins' registry plus test kernels: ``{"<op>:<backend>": "module:function"}``
+    (e.g. a counting wrapper, or a reference under a non-plain name)."""
+    from loong_core.plugins import get_plugin_system
+    from loong_core.plugins.registry import KINDS, Entry, Registry
+
+    reg = Registry()
+    for kind in KINDS:
+        for entry in get_plugin_system().registry().entries(kind):
+            reg.add(entry)
+    for name, target in backends.items():
+        reg.add(Entry("kernel", name, target, "test", "test", {}))
+    return reg
+
+
 def assert_loss_curve(got: dict[int, float], ref: dict[int, float], steps: range, label: str,
                       tolerance: float = 2e-5) -> None:
     """``got`` has exactly ``steps`` and each loss is within ``tolerance`` (absolute) of ``ref``;
