@@ -153,23 +153,30 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True,
               segment_ids: torch.Tensor | None = None, mask: torch.Tensor | None = None,
-              scale: float | None = None, dropout_p: float = 0.0) -> torch.Tensor:
+              scale: float | None = None, dropout_p: float = 0.0,
+              kv_segment_ids: torch.Tensor | None = None) -> torch.Tensor:
     """Softmax attention that materialises the ``[b, h, sq, sk]`` scores (backend ``eager``).
 
     Args:
         q: ``[b, hq, sq, d]``.
         k: ``[b, hk, sk, d]``, ``hq`` a multiple of ``hk`` (grouped-query attention).
         v: ``[b, hk, sk, dv]``.
-        causal: Query ``i`` attends keys ``j <= i + (sk - sq)``.
-        segment_ids: Optional ``[b, s]`` ints (``sq == sk``): a token attends only tokens with
-            the same id (packed documents, vision windows). Combined with ``causal``.
+        causal: Query ``i`` attends keys ``j <= i + (sk - sq)``: with ``sq < sk`` the query
+            block is aligned to the END of the keys (bottom-right causal: the queries are the
+            last ``sq`` positions of the key sequence, as a context-parallel chunk against its
+            key prefix or a later chunk against the keys of earlier chunks and its own).
+        segment_ids: Optional ``[b, sq]`` ints, the segment of each query: a query attends only
+            keys with the same id (packed documents, vision windows). Combined with ``causal``.
         mask: Optional boolean ``[b or 1, 1 or hq, sq, sk]``, True = may attend, for patterns
             the two above do not describe. Combined with both.
         scale: Softmax scale (default ``d ** -0.5``).
         dropout_p: Dropout on the probabilities.
+        kv_segment_ids: Optional ``[b, sk]`` ints, the segment of each key (needs
+            ``segment_ids``); default ``segment_ids`` (then ``sq == sk``). With ``sq < sk`` and
+            the same tokens, ``segment_ids == kv_segment_ids[:, sk - sq:]``.
 
     Returns:
-        ``[b, hq, sq, dv]`` in ``q.dtype``.
+        ``[b, hq, sq, dv]`` in ``q.dtype``; a query that may attend no key gives zeros.
     """
     groups = q.shape[1] // k.shape[1]
     if groups > 1:
@@ -177,7 +184,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
         v = v.repeat_interleave(groups, dim=1)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
-    allowed = combined_mask(q.shape[2], k.shape[2], q.device, causal, segment_ids, mask)
+    allowed = combined_mask(q.shape[2], k.shape[2], q.device, causal, segment_ids, mask,
+                            kv_segment_ids)
     if allowed is not None:
         scores = scores.masked_fill(~allowed, float("-inf"))
     probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
@@ -186,15 +194,39 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     return torch.matmul(probs.to(v.dtype), v)
 
 
-def combined_mask(sq: int, sk: int, device, causal: bool, segment_ids, mask):
-    """The dense boolean mask (True = attend) that ``causal`` / ``segment_ids`` / ``mask``
-    describe, broadcastable to ``[b, h, sq, sk]``; None when everything may attend."""
+def combined_mask(sq: int, sk: int, device, causal: bool, segment_ids, mask, kv_segment_ids=None):
+    """The dense boolean mask (True = attend) that ``causal`` / ``segment_ids`` / ``mask`` /
+    ``kv_segment_ids`` describe (see :func:`attention`), broadcastable to ``[b, h, sq, sk]``;
+    None when everything may attend.
+
+    Raises:
+        ValueError: ``kv_segment_ids`` without ``segment_ids``, or ids of the wrong length.
+    """
     allowed = None
     if causal:
         allowed = torch.ones(sq, sk, dtype=torch.bool, device=device).tril(sk - sq)
-    if segment_ids is not None:
-        same = segment_ids[:, None, :, None] == segment_ids[:, None, None, :]
+    if segment_ids is not None or kv_segment_ids is not None:
+        q_ids, k_ids = check_segment_ids(sq, sk, segment_ids, kv_segment_ids)
+        same = q_ids[:, None, :, None] == k_ids[:, None, None, :]
         allowed = same if allowed is None else same & allowed
     if mask is not None:
         allowed = mask if allowed is None else mask & allowed
     return allowed
+
+
+def check_segment_ids(sq: int, sk: int, segment_ids, kv_segment_ids):
+    """The query and key segment ids of an attention call (``kv_segment_ids`` defaults to
+    ``segment_ids``).
+
+    Raises:
+        ValueError: ``kv_segment_ids`` without ``segment_ids``, or ids whose length is not
+            ``sq`` / ``sk``.
+    """
+    if segment_ids is None:
+        raise ValueError("attention: kv_segment_ids needs segment_ids (the queries' segments).")
+    kv = segment_ids if kv_segment_ids is None else kv_segment_ids
+    if segment_ids.shape[-1] != sq or kv.shape[-1] != sk:
+        raise ValueError(f"attention: segment_ids of length {segment_ids.shape[-1]} and key segment "
+                         f"ids of length {kv.shape[-1]} for {sq} queries and {sk} keys; pass "
+                         "kv_segment_ids [b, sk] when the keys are not the queries' tokens.")
+    return segment_ids, kv
