@@ -93,6 +93,12 @@ class ParallelConfig:
         context_parallel_size: CP size: every sequence sharded over this many ranks (megatron
             engine, LLM families; ``data.seq_length`` a multiple of 2 x CP; docs/long_context.md).
         expert_model_parallel_size: EP size.
+        sequence_chunks: Megatron engine, LLM families: run every micro batch's sequence through
+            the model in this many chunks (causal order; each attention layer keeps the K/V of
+            earlier chunks), backward in reverse chunk order. Same loss and gradients; with full
+            recompute, a recomputed layer's activations and the logits exist for one chunk at a
+            time. ``data.seq_length`` a multiple of it (x 2 x CP under context parallelism);
+            not with pipeline parallelism or packed sequences (docs/long_context.md).
         ulysses_size: Torch engine only: Ulysses sequence parallelism (not Megatron's
             ``sequence_parallel``): the image / video tokens of every sample are sharded over this
             many ranks, which read the same batch, with an all-to-all between sequence and heads
@@ -133,6 +139,7 @@ class ParallelConfig:
     sequence_parallel: bool = False
     context_parallel_size: int = positive(1)
     expert_model_parallel_size: int = positive(1)
+    sequence_chunks: int = positive(1)
     ulysses_size: int = positive(1)
     use_distributed_optimizer: bool = False
     overlap_grad_reduce: bool = False

@@ -207,6 +207,9 @@ def _check_consistency(cfg: LoongConfig, registry: Registry) -> None:
     from loong_core.config.ulysses_rules import check_ulysses
 
     check_ulysses(cfg)
+    from loong_core.config.sequence_chunks_rules import check_sequence_chunks
+
+    check_sequence_chunks(cfg)
     cfg.model.check(cfg, "model")
 
 

@@ -8,7 +8,14 @@ import math
 import torch
 
 from loong_core.engines.base import Engine, ParallelLayout, StepResult
-from loong_core.engines.megatron import checkpointing, context_parallel, optim, parallel, precision
+from loong_core.engines.megatron import (
+    checkpointing,
+    context_parallel,
+    optim,
+    parallel,
+    precision,
+    sequence_chunks,
+)
 from loong_core.engines.megatron.finite import grads_finite
 from loong_core.errors import ConfigError
 
@@ -27,6 +34,9 @@ class MegatronEngine(Engine):
         if self.config.parallel.context_parallel_size > 1:
             context_parallel.check_provider(self.provider, self.config.model.name)
             context_parallel.check_seq_length(self.config.data.seq_length, self.config.parallel)
+        if self.config.parallel.sequence_chunks > 1:
+            sequence_chunks.check_provider(self.provider, self.config.model.name)
+            self.provider.sequence_chunks = self.config.parallel.sequence_chunks
         self.layout = parallel.initialize(self.config.parallel, self.config.trainer.seed)
         return self.layout
 

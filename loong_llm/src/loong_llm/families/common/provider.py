@@ -25,6 +25,8 @@ class DecoderProvider(ModelProvider):
     engines = ("megatron",)
     family = "llama"
     supports_context_parallel = True  # forward_step shards the batch over the CP group
+    supports_sequence_chunks = True  # forward_step runs parallel.sequence_chunks chunks
+    sequence_chunks = 1  # set by the megatron engine from parallel.sequence_chunks
     config: DecoderConfig
 
     def __init__(self, config: DecoderConfig):
@@ -168,17 +170,28 @@ class DecoderProvider(ModelProvider):
     def forward_step(self, model, batch: dict):
         from megatron.core import parallel_state
 
+        from loong_core.engines.megatron import sequence_chunks
         from loong_core.engines.megatron.context_parallel import slice_batch
         from loong_core.kernels.segment_mask import with_attention_mask
 
-        # segment_ids (packed samples) keep the documents apart: a SegmentMask for the seam's
-        # attention, dense [b, 1, s, s] under context parallelism (this rank keeps its two
-        # chunks of every sequence, mask rows included).
-        batch = with_attention_mask(batch, dense=parallel_state.get_context_parallel_world_size() > 1)
-        batch = slice_batch(batch)
-        output = model(batch["tokens"], batch["position_ids"], batch.get("attention_mask"),
-                       labels=batch["labels"])
-        loss_mask = batch["loss_mask"].float()
+        def run(local: dict):
+            return model(local["tokens"], local["position_ids"], local.get("attention_mask"),
+                         labels=local["labels"])
+
+        if self.sequence_chunks > 1:
+            # K chunks in causal order (each laid out over the CP group), backward in reverse;
+            # the loss below sums over all of them (docs/long_context.md).
+            chunks = [slice_batch(c) for c in sequence_chunks.split_batch(batch, self.sequence_chunks)]
+            output = sequence_chunks.run(model, chunks, run)
+            loss_mask = torch.cat([c["loss_mask"] for c in chunks], dim=1).float()
+        else:
+            # segment_ids (packed samples) keep the documents apart: a SegmentMask for the seam's
+            # attention, dense [b, 1, s, s] under context parallelism (this rank keeps its two
+            # chunks of every sequence, mask rows included).
+            batch = with_attention_mask(batch, dense=parallel_state.get_context_parallel_world_size() > 1)
+            batch = slice_batch(batch)
+            output = run(batch)
+            loss_mask = batch["loss_mask"].float()
 
         def loss_func(per_token_loss):
             mask = loss_mask.reshape(-1)

@@ -14,10 +14,13 @@ Multi-token prediction and inference keep megatron-core's own post-processing.
 
 from __future__ import annotations
 
+import torch
+import torch.utils.checkpoint
 from megatron.core import tensor_parallel
 from megatron.core.models.gpt import GPTModel
 
 from loong_core import kernels
+from loong_core.engines.megatron.seam import chunked_attention
 
 
 def _tp_group(model):
@@ -36,6 +39,17 @@ class SeamGPTModel(GPTModel):
         return loss.transpose(0, 1).contiguous()
 
     def _postprocess(self, hidden_states, input_ids, position_ids, labels, **kwargs):
+        if (chunked_attention.active() is not None and torch.is_grad_enabled()
+                and self.config.recompute_granularity == "full" and labels is not None):
+            # A chunk of parallel.sequence_chunks under full recompute: the logits and the loss
+            # are recomputed in the chunk's backward, so they exist for one chunk at a time.
+            def post(hidden):
+                return self._seam_postprocess(hidden, input_ids, position_ids, labels, **kwargs)
+
+            return torch.utils.checkpoint.checkpoint(post, hidden_states, use_reentrant=False)
+        return self._seam_postprocess(hidden_states, input_ids, position_ids, labels, **kwargs)
+
+    def _seam_postprocess(self, hidden_states, input_ids, position_ids, labels, **kwargs):
         fused = (labels is not None and self.post_process and not kwargs.get("mtp_in_postprocess")
                  and self.config.mtp_num_layers is None
                  and kwargs.get("inference_context") is None

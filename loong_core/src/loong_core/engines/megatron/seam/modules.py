@@ -9,7 +9,7 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 
 from loong_core import kernels
-from loong_core.engines.megatron.seam import context_parallel
+from loong_core.engines.megatron.seam import chunked_attention, context_parallel
 from loong_core.errors import ConfigError
 from loong_core.kernels.segment_mask import SegmentMask, segment_mask
 
@@ -172,6 +172,15 @@ class SeamCoreAttention(MegatronModule):
             raise NotImplementedError("SeamCoreAttention: an attention bias (megatron-core's "
                                       "TransformerEngine attention takes one).")
         mask_type = attn_mask_type if attn_mask_type is not None else self.attn_mask_type
+        if chunked_attention.active() is not None:  # parallel.sequence_chunks > 1
+            if (packed_seq_params is not None or attention_mask is not None
+                    or mask_type != AttnMaskType.causal):
+                raise NotImplementedError("SeamCoreAttention: parallel.sequence_chunks > 1 needs "
+                                          "causal attention without a mask (no packed documents).")
+            out = chunked_attention.attention(
+                self, query, key, value, cp_group=self.cp_group, scale=self.softmax_scale,
+                dropout_p=self.dropout if self.training else 0.0)
+            return out.reshape(query.shape[0], query.shape[1], -1)
         if packed_seq_params is not None:  # THD: [t, np, hn], documents by cu_seqlens
             if self.cp_group is not None or attention_mask is not None:
                 raise NotImplementedError("SeamCoreAttention: THD packed_seq_params with context "
