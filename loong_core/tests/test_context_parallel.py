@@ -69,12 +69,13 @@ packed = causal & (docs[:, None] == docs[None, :])
 chunk = s // 4
 mine = [i for c in context_parallel.local_chunks(2, rank) for i in range(c * chunk, (c + 1) * chunk)]
 errors = {}
-for name, allowed, mask in (("causal", causal, None), ("packed", packed, ~packed[None, None][:, :, mine])):
+# Packed: the segment ids of the whole sequence, as the providers pass them (no [s, s] mask).
+for name, allowed, ids in (("causal", causal, None), ("packed", packed, docs[None])):
     full = [t.clone().requires_grad_() for t in (q, k, v)]
     reference(*full, allowed).backward(grad_out)
     ref = reference(q, k, v, allowed)
     local = [t[mine].clone().requires_grad_() for t in (q, k, v)]
-    out = context_parallel.attention(*local, dist.group.WORLD, causal=True, attention_mask=mask,
+    out = context_parallel.attention(*local, dist.group.WORLD, causal=True, segment_ids=ids,
                                      scale=d ** -0.5)
     out.backward(grad_out[mine])
     errors[name] = max([(out - ref[mine]).abs().max().item()]

@@ -139,8 +139,6 @@ class VLMProvider(ModelProvider):
         self.foundation.initialize_weights([chunk.language_model for chunk in chunks])
 
     def forward_step(self, model, batch: dict):
-        from megatron.core import parallel_state
-
         from loong_core.engines.megatron.context_parallel import slice_batch
         from loong_core.kernels.segment_mask import with_attention_mask
         from loong_vlm.loss import correct_predictions, token_losses
@@ -150,8 +148,9 @@ class VLMProvider(ModelProvider):
         # vision features by the full token ids and megatron-core's rotary embedding takes the
         # angles of this rank's chunks from the full (MRoPE) positions.
         tokens, position_ids = batch["tokens"], batch["position_ids"]
-        # Packed records: segment ids become the attention mask (dense only under CP).
-        batch = with_attention_mask(batch, dense=parallel_state.get_context_parallel_world_size() > 1)
+        # Packed records: segment ids become the attention mask (a SegmentMask; under CP the
+        # ids of the whole sequence, not sliced).
+        batch = with_attention_mask(batch)
         batch = slice_batch(batch, _CP_KEYS)
         logits = model(tokens, position_ids, batch.get("attention_mask"),
                        images=batch.get("images"), **visual)

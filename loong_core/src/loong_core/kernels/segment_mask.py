@@ -8,9 +8,10 @@ built unless a consumer needs it.
 megatron-core's model interfaces take an ``attention_mask`` tensor and only pass it down to the
 core attention, so the segment ids travel there as a :class:`SegmentMask`: an integer tensor
 ``[b, s]`` whose type says "block-diagonal causal mask of these segments". The seam's core
-attention reads the ids directly (the varlen path of ``kernels.attention``); :meth:`SegmentMask.dense`
-is the megatron-convention boolean mask for a consumer that needs it (context parallelism, which
-slices mask rows per rank).
+attention reads the ids directly (the varlen path of ``kernels.attention``); under context
+parallelism the ids of the whole sequence stay whole (every rank of the group has them) and each
+rank's attention takes its chunks' query ids and its key prefix's ids from them.
+:meth:`SegmentMask.dense` is the megatron-convention boolean mask for a consumer that needs it.
 
 Imports only torch.
 """
@@ -73,17 +74,16 @@ def dense_mask(segment_ids: torch.Tensor) -> torch.Tensor:
     return ~(same & causal)
 
 
-def with_attention_mask(batch: dict, dense: bool = False) -> dict:
+def with_attention_mask(batch: dict) -> dict:
     """The batch with its ``segment_ids`` (if any) turned into the ``attention_mask`` a megatron
-    model takes: a :class:`SegmentMask`, or with ``dense`` the boolean ``[b, 1, s, s]`` mask.
+    model takes: a :class:`SegmentMask` (``[b, s]``, never an ``[s, s]`` mask; under context
+    parallelism it is not sliced, see ``engines.megatron.context_parallel.slice_batch``).
 
     Args:
         batch: A micro batch; ``segment_ids`` ``[b, s]`` when its samples are packed.
-        dense: Build the dense mask (for consumers that slice mask rows: context parallelism).
     """
     if batch.get("segment_ids") is None:
         return batch
     batch = dict(batch)
-    ids = batch.pop("segment_ids")
-    batch["attention_mask"] = dense_mask(ids).unsqueeze(1) if dense else segment_mask(ids)
+    batch["attention_mask"] = segment_mask(batch.pop("segment_ids"))
     return batch

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from loong_core.errors import ConfigError
 
-# Keys of a decoder batch that carry the sequence (dim 1; dim 2 of the attention mask).
+# Keys of a decoder batch that carry the sequence (dim 1; dim 2 of a dense attention mask; a
+# SegmentMask, the packed documents' ids, stays whole: the CP attention reads the ids of the whole
+# sequence).
 SEQUENCE_KEYS = ("tokens", "labels", "loss_mask", "position_ids", "attention_mask")
 
 
@@ -59,7 +61,8 @@ def slice_batch(batch: dict, keys: tuple[str, ...] = SEQUENCE_KEYS) -> dict:
 
     Args:
         batch: The micro batch (``tokens`` ``[b, s]`` gives the sequence length).
-        keys: The keys to slice: sequence on dim 1 (dim 2 of ``attention_mask``). Models that
+        keys: The keys to slice: sequence on dim 1 (dim 2 of a dense ``attention_mask``; a
+            :class:`~loong_core.kernels.segment_mask.SegmentMask` is kept whole). Models that
             need some of them at full length (a VLM places vision features by the full token
             ids; MRoPE positions are sliced by megatron-core's rotary embedding) leave them out.
 
@@ -77,7 +80,10 @@ def slice_batch(batch: dict, keys: tuple[str, ...] = SEQUENCE_KEYS) -> dict:
         raise ConfigError(f"a batch of sequence length {seq} cannot be split into 2 x "
                           f"parallel.context_parallel_size = {2 * size} chunks; pad the sequences "
                           f"to a multiple of {2 * size}.")
-    sharded = get_batch_on_this_cp_rank({k: batch.get(k) for k in keys if k in batch})
+    from loong_core.kernels.segment_mask import SegmentMask
+
+    sharded = get_batch_on_this_cp_rank({k: batch.get(k) for k in keys
+                                         if k in batch and not isinstance(batch[k], SegmentMask)})
     return {**batch, **sharded}
 
 

@@ -168,8 +168,6 @@ class DecoderProvider(ModelProvider):
             apply_lora(chunk, self.config.lora)
 
     def forward_step(self, model, batch: dict):
-        from megatron.core import parallel_state
-
         from loong_core.engines.megatron import sequence_chunks
         from loong_core.engines.megatron.context_parallel import slice_batch
         from loong_core.kernels.segment_mask import with_attention_mask
@@ -186,9 +184,9 @@ class DecoderProvider(ModelProvider):
             loss_mask = torch.cat([c["loss_mask"] for c in chunks], dim=1).float()
         else:
             # segment_ids (packed samples) keep the documents apart: a SegmentMask for the seam's
-            # attention, dense [b, 1, s, s] under context parallelism (this rank keeps its two
-            # chunks of every sequence, mask rows included).
-            batch = with_attention_mask(batch, dense=parallel_state.get_context_parallel_world_size() > 1)
+            # attention (under context parallelism the ids of the whole sequence: slice_batch
+            # keeps them whole, each rank's attention takes its chunks' ids from them).
+            batch = with_attention_mask(batch)
             batch = slice_batch(batch)
             output = run(batch)
             loss_mask = batch["loss_mask"].float()

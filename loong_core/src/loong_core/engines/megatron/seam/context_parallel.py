@@ -15,9 +15,11 @@ call is complete (no log-sum-exp merging). With grouped-query attention the gath
 ``num_query_groups / num_heads`` of the queries' size, which is why all-gather (one collective per
 tensor, no ring of ``N`` steps) is the simplest correct exchange.
 
-An explicit attention mask (packed documents) arrives as the local query rows of the full mask
-(``[b or 1, 1, 2c, S]``, True = masked, keys in sequence order); each chunk takes its rows of it
-over all keys (a mask need not be causal), as a dense mask.
+Packed documents arrive as the segment ids of the whole sequence (``[b, S]``: every rank of the
+group reads the same batch, so the ids need no exchange and no ``[s, s]`` mask exists). Each
+local query chunk takes its own ids (``[jc, (j + 1) c)`` of them) as the queries' segments and
+the ids of its key prefix as the keys' (``kv_segment_ids``); the seam's attention keeps the
+documents apart inside that bottom-right causal block (``sdpa`` per document, without a mask).
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ def gather_sequence(x: torch.Tensor, group) -> torch.Tensor:
     return pieces.index_select(0, index).reshape(2 * size * chunk, *x.shape[1:])
 
 
-def attention(query, key, value, group, *, causal: bool, attention_mask=None, scale=None,
+def attention(query, key, value, group, *, causal: bool, segment_ids=None, scale=None,
               dropout_p: float = 0.0) -> torch.Tensor:
     """Attention of this rank's queries over the whole sequence's keys and values.
 
@@ -61,17 +63,26 @@ def attention(query, key, value, group, *, causal: bool, attention_mask=None, sc
         query: ``[2c, b, np, hn]``, this rank's two chunks (megatron-core layout).
         key: ``[2c, b, ng, hn]``; value: ``[2c, b, ng, hv]`` (this rank's chunks).
         group: The context-parallel process group.
-        causal: Causal attention (megatron's causal mask type) when no ``attention_mask``.
-        attention_mask: None, or the local query rows of the full boolean mask
-            (``[b or 1, 1, 2c, S]``, True = masked); it replaces ``causal``.
+        causal: Causal attention (megatron's causal mask type).
+        segment_ids: None, or the segment ids of the WHOLE sequence (``[b or 1, 2 N c]``, packed
+            documents, sequence order): a query attends only keys of its own segment.
         scale: Softmax scale.
         dropout_p: Attention dropout.
 
     Returns:
         ``[2c, b, np, hv]``.
+
+    Raises:
+        ValueError: ``segment_ids`` that do not cover the whole sequence.
     """
     size, rank = group.size(), group.rank()
     chunk = query.shape[0] // 2
+    if segment_ids is not None:
+        if segment_ids.shape[-1] != 2 * size * chunk:
+            raise ValueError(f"context-parallel attention: segment_ids of length {segment_ids.shape[-1]}; "
+                             f"they must cover the whole sequence ({2 * size * chunk} positions: "
+                             "pass the batch's ids unsliced).")
+        segment_ids = segment_ids.expand(query.shape[1], -1)
     full_k = gather_sequence(key, group).permute(1, 2, 0, 3)  # [b, ng, S, hn]
     full_v = gather_sequence(value, group).permute(1, 2, 0, 3)
     q = query.permute(1, 2, 0, 3)  # [b, np, 2c, hn]
@@ -79,14 +90,12 @@ def attention(query, key, value, group, *, causal: bool, attention_mask=None, sc
     outs = []
     for half, global_chunk in enumerate(local_chunks(size, rank)):
         q_half = q[:, :, half * chunk:(half + 1) * chunk]
-        # A causal chunk sees the keys up to its own end; a mask may allow any key.
-        end = (global_chunk + 1) * chunk if causal and attention_mask is None else None
+        # A causal chunk sees the keys up to its own end (bottom-right causal).
+        end = (global_chunk + 1) * chunk if causal else None
         k_half, v_half = full_k[:, :, :end], full_v[:, :, :end]
-        if attention_mask is None:
-            out = op(q_half, k_half, v_half, causal=causal, scale=scale, dropout_p=dropout_p)
-        else:
-            rows = attention_mask[..., half * chunk:(half + 1) * chunk, :end]
-            out = op(q_half, k_half, v_half, causal=False, mask=~rows, scale=scale,
-                     dropout_p=dropout_p)
-        outs.append(out)
+        ids = {}
+        if segment_ids is not None:
+            ids = {"segment_ids": segment_ids[:, global_chunk * chunk:(global_chunk + 1) * chunk],
+                   "kv_segment_ids": segment_ids[:, :end]}
+        outs.append(op(q_half, k_half, v_half, causal=causal, scale=scale, dropout_p=dropout_p, **ids))
     return torch.cat(outs, dim=2).permute(2, 0, 1, 3)  # [2c, b, np, hv]

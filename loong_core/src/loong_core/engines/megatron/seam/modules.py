@@ -137,7 +137,8 @@ class SeamCoreAttention(MegatronModule):
     type's pattern), a :class:`~loong_core.kernels.segment_mask.SegmentMask` (packed documents
     as segment ids: no ``[s, s]`` mask exists) or megatron's boolean mask. Under context parallelism
     (``context_parallel_size > 1``) the keys and values of the group are all-gathered
-    (:mod:`.context_parallel`).
+    (:mod:`.context_parallel`); a ``SegmentMask`` then holds the ids of the whole sequence (the
+    batch's, unsliced) and a dense mask is not supported.
     """
 
     def __init__(self, config, layer_number, attn_mask_type, attention_type="self",
@@ -191,14 +192,16 @@ class SeamCoreAttention(MegatronModule):
                 raise NotImplementedError("SeamCoreAttention: THD packed_seq_params without a causal "
                                           "mask type.")
         if self.cp_group is not None:
-            if isinstance(attention_mask, SegmentMask):
-                raise ValueError("SeamCoreAttention: under context parallelism the packed mask must be "
-                                 "dense (segment_mask.with_attention_mask(batch, dense=True) before "
-                                 "slicing the batch).")
+            causal, segment_ids = mask_type == AttnMaskType.causal, None
+            if isinstance(attention_mask, SegmentMask):  # packed: the whole sequence's ids
+                causal, segment_ids = True, attention_mask.segment_ids()
+            elif attention_mask is not None:
+                raise NotImplementedError("SeamCoreAttention: a dense attention mask under context "
+                                          "parallelism; pass packed documents as a SegmentMask of the "
+                                          "whole sequence (segment_mask.with_attention_mask).")
             out = context_parallel.attention(
-                query, key, value, self.cp_group, causal=mask_type == AttnMaskType.causal,
-                attention_mask=attention_mask, scale=self.softmax_scale,
-                dropout_p=self.dropout if self.training else 0.0)
+                query, key, value, self.cp_group, causal=causal, segment_ids=segment_ids,
+                scale=self.softmax_scale, dropout_p=self.dropout if self.training else 0.0)
             return out.reshape(query.shape[0], query.shape[1], -1)
         segment_ids = mask = None
         if attention_mask is None:
