@@ -63,8 +63,8 @@ def check_sequence_chunks(cfg: Any) -> None:
             parts.append(f"2 x parallel.context_parallel_size = {2 * p.context_parallel_size}")
         if p.sequence_parallel:
             parts.append(f"parallel.tensor_model_parallel_size = {p.tensor_model_parallel_size}")
-        why += " x ".join(parts) + ", per chunk)"
+        why += " x ".join(parts) + f", per chunk) = {k * multiple}"
     raise ConfigError(
-        f"'data.seq_length' = {seq} must be a multiple of {why} = {k * multiple} to split into "
+        f"'data.seq_length' = {seq} must be a multiple of {why} to split into "
         f"equal chunks; the nearest valid length is {_nearest_multiple(seq, k * multiple)} "
         f"(or parallel.sequence_chunks={nearest_k} at this length).")
