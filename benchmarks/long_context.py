@@ -25,9 +25,13 @@ are mapped and unmapped one by one instead of being carved from the heap, whose 
 resident (glibc raises its threshold on the fly, so by default large activations end up on the
 heap), so the peak RSS comes close to the peak of live tensors.
 Rows whose estimated peak does not fit in ``--max-gib`` are skipped and named.
+``--before DIR`` compares code versions: every row also runs with the packages of the checkout in
+``DIR`` first on ``PYTHONPATH`` (e.g. ``git archive COMMIT | tar -x -C DIR``), interleaved with
+this tree's run of the same row (``code`` column: ``before`` / ``now``).
 
 Usage: python benchmarks/long_context.py [--seqs 4096 8192 16384 32768] [--arms cp1 cp1+rc cp2 cp2+rc]
        [--steps 3] [--set kernels.linear_cross_entropy=chunked] [--mmap-threshold 131072]
+       [--before DIR]
 """
 
 from __future__ import annotations
@@ -85,8 +89,16 @@ def _watch_ranks(proc: subprocess.Popen, peaks: dict[int, int], stop: threading.
         stop.wait(0.05)
 
 
+def _pythonpath(src: str | None) -> dict:
+    """Environment that imports the loong packages of the checkout ``src`` (None: this one)."""
+    if src is None:
+        return {}
+    paths = sorted(str(p) for p in Path(src).glob("loong_*/src"))
+    return {"PYTHONPATH": os.pathsep.join([*paths, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+
+
 def run(seq: int, cp: int, recompute: bool, steps: int, extra: list[str],
-        mmap_threshold: int | None = None) -> dict:
+        mmap_threshold: int | None = None, src: str | None = None) -> dict:
     """One training run; returns per-rank peak bytes, step times and the losses."""
     with tempfile.TemporaryDirectory() as run_dir:
         overrides = [
@@ -97,7 +109,7 @@ def run(seq: int, cp: int, recompute: bool, steps: int, extra: list[str],
             f"parallel.context_parallel_size={cp}", f"device.num_threads={2 // cp}",
             f"trainer.run_dir={run_dir}", *(RECOMPUTE if recompute else []), *extra]
         cmd = [sys.executable, "-m", "loong_core.cli.main", "train", *overrides, "--nproc-per-node", str(cp)]
-        env = {**os.environ, "OMP_NUM_THREADS": str(2 // cp)}
+        env = {**os.environ, "OMP_NUM_THREADS": str(2 // cp), **_pythonpath(src)}
         if mmap_threshold is not None:
             env["MALLOC_MMAP_THRESHOLD_"] = str(mmap_threshold)
         peaks: dict[int, int] = {}
@@ -130,37 +142,44 @@ def main() -> None:
     parser.add_argument("--set", dest="extra", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--mmap-threshold", type=int, help="MALLOC_MMAP_THRESHOLD_ of the runs (bytes)")
     parser.add_argument("--json", help="also write the rows to this file")
+    parser.add_argument("--before", metavar="DIR", help="also run every row with the checkout in DIR")
     args = parser.parse_args()
     gib, mib = 2**30, 2**20
     rows, skipped = [], []
     print(f"overrides: {' '.join(args.extra) or '(none)'}; mmap threshold {args.mmap_threshold or 'glibc default'}; "
           f"steps {args.steps}; times on a shared 2-core machine")
-    print("| arm | seq | tokens/rank | peak GiB (per rank) | base GiB | act MiB | KiB/tok | marg | step s | loss[-1] |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    codes = [("before", args.before), ("now", None)] if args.before else [("now", None)]
+    print("| arm | code | seq | tokens/rank | peak GiB (per rank) | base GiB | act MiB | KiB/tok | marg | step s "
+          "| loss[-1] |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for arm in args.arms:
         cp, recompute = ARMS[arm]
-        base = max(run(args.base_seq, cp, recompute, 2, args.extra, args.mmap_threshold)["peaks"])
-        previous = None  # (tokens per rank, act bytes) of the last row, to extrapolate the next
+        base = {code: max(run(args.base_seq, cp, recompute, 2, args.extra, args.mmap_threshold, src)["peaks"])
+                for code, src in codes}
+        previous = {}  # code -> (tokens per rank, act bytes) of the last row, to extrapolate the next
         for seq in args.seqs:
             tokens = seq // cp
-            if previous is not None:
-                # Quadratic growth is the worst case the table checks for.
-                estimate = base + previous[1] * (tokens / previous[0]) ** 2
-                if estimate > args.max_gib * gib:
-                    skipped.append(f"{arm} seq {seq}: estimated {estimate / gib:.1f} GiB > {args.max_gib} GiB")
-                    continue
-            result = run(seq, cp, recompute, args.steps, args.extra, args.mmap_threshold)
-            peak = max(result["peaks"])
-            act = peak - base
-            marginal = "-" if previous is None else f"{(act - previous[1]) / 1024 / (tokens - previous[0]):.1f}"
-            previous = (tokens, act)
-            later = result["step_times"][1:] or result["step_times"]
-            row = dict(arm=arm, seq=seq, tokens=tokens, peaks=result["peaks"], base=base, act=act,
-                       step=statistics.mean(later), loss=result["losses"][-1])
-            rows.append(row)
-            per_rank = " / ".join(f"{p / gib:.2f}" for p in result["peaks"])
-            print(f"| {arm} | {seq} | {tokens} | {per_rank} | {base / gib:.2f} | {act / mib:.0f} | "
-                  f"{act / 1024 / tokens:.1f} | {marginal} | {row['step']:.2f} | {row['loss']:.4f} |", flush=True)
+            for code, src in codes:  # interleaved: the versions of one row run back to back
+                if code in previous:
+                    # Quadratic growth is the worst case the table checks for.
+                    estimate = base[code] + previous[code][1] * (tokens / previous[code][0]) ** 2
+                    if estimate > args.max_gib * gib:
+                        skipped.append(f"{arm} {code} seq {seq}: estimated {estimate / gib:.1f} GiB "
+                                       f"> {args.max_gib} GiB")
+                        continue
+                result = run(seq, cp, recompute, args.steps, args.extra, args.mmap_threshold, src)
+                peak = max(result["peaks"])
+                act = peak - base[code]
+                last = previous.get(code)
+                marginal = "-" if last is None else f"{(act - last[1]) / 1024 / (tokens - last[0]):.1f}"
+                previous[code] = (tokens, act)
+                later = result["step_times"][1:] or result["step_times"]
+                row = dict(arm=arm, code=code, seq=seq, tokens=tokens, peaks=result["peaks"], base=base[code],
+                           act=act, step=statistics.mean(later), loss=result["losses"][-1])
+                rows.append(row)
+                per_rank = " / ".join(f"{p / gib:.2f}" for p in result["peaks"])
+                print(f"| {arm} | {code} | {seq} | {tokens} | {per_rank} | {base[code] / gib:.2f} | {act / mib:.0f} | "
+                      f"{act / 1024 / tokens:.1f} | {marginal} | {row['step']:.2f} | {row['loss']:.4f} |", flush=True)
     for line in skipped:
         print(f"skipped: {line}")
     if args.json:
