@@ -1,6 +1,7 @@
 """``parallel.sequence_chunks=K`` trains like the unchunked run: same losses and gradient norms
-(fp32, within 1e-5) for 3 steps of llama_debug (4 layers) from one seed: K=4 with full recompute
-on one rank, K=2 without recompute under context parallelism (CP2, two gloo ranks)."""
+(fp32, within 1e-5) for 3 steps of llama_debug from one seed: K=4 with full recompute on one rank
+(4 layers), and K=2 without recompute under context parallelism (CP2, two gloo ranks) on packed
+chat data (documents across chunk boundaries, assistant-only loss)."""
 
 from __future__ import annotations
 
@@ -26,14 +27,17 @@ def _assert_same(got, ref, label: str) -> None:
         assert abs(got[step][1] - ref[step][1]) <= 1e-5 * ref[step][1], (label, step, got, ref)
 
 
-@pytest.fixture(scope="module")
-def unchunked(tmp_path_factory, tiny):
-    root = tmp_path_factory.mktemp("sequence_chunks")
-    common = [*tiny, f"trainer.train_iters={STEPS}", "trainer.save_at_end=false"]
+def _unchunked(root, base: list[str]):
+    common = [*base, f"trainer.train_iters={STEPS}", "trainer.save_at_end=false"]
     run_train([*common, f"trainer.run_dir={root / 'ref'}"])
     ref = _curve(root / "ref")
     assert ref[STEPS][0] < ref[1][0]  # it learns: a frozen model could not pass
     return common, ref, root
+
+
+@pytest.fixture(scope="module")
+def unchunked(tmp_path_factory, tiny):
+    return _unchunked(tmp_path_factory.mktemp("sequence_chunks"), list(tiny))
 
 
 def test_four_chunks_with_full_recompute_equal_unchunked(unchunked):
@@ -44,13 +48,14 @@ def test_four_chunks_with_full_recompute_equal_unchunked(unchunked):
 
 
 @pytest.mark.multirank
-def test_two_chunks_under_context_parallelism_equal_one_rank(unchunked):
+def test_two_chunks_of_packed_documents_under_context_parallelism_equal_one_rank(tmp_path, tiny):
     """Without recompute (the one-rank test has it): each global chunk over CP2's layout."""
-    common, ref, root = unchunked
+    base = [*tiny, "data=chatterbot", "model.num_layers=2"]
+    common, ref, root = _unchunked(tmp_path, base)
     run_dir = root / "cp2_k2"
     run_train([*common, "parallel.context_parallel_size=2", "parallel.sequence_chunks=2",
                f"trainer.run_dir={run_dir}"], nproc=2)
-    _assert_same(_curve(run_dir), ref, "CP2 x K=2")
+    _assert_same(_curve(run_dir), ref, "packed, CP2 x K=2")
 
 
 def test_sequence_length_that_does_not_split_is_a_config_error():

@@ -24,7 +24,7 @@ def _nearest_multiple(value: int, multiple: int) -> int:
 
 def check_sequence_chunks(cfg: Any) -> None:
     """The chunked schedule needs the megatron engine, no pipeline parallelism, no overlapped
-    gradient reduce, unpacked data, and a sequence that splits into equal chunks.
+    gradient reduce, and a sequence that splits into equal chunks.
 
     Raises:
         ConfigError: naming the key, and for a length that does not split, the nearest valid
@@ -46,9 +46,6 @@ def check_sequence_chunks(cfg: Any) -> None:
         raise ConfigError(f"'parallel.sequence_chunks' = {k} does not work with "
                           "parallel.overlap_grad_reduce=true (each chunk's backward would start the "
                           "gradient reduce); set parallel.overlap_grad_reduce=false.")
-    if getattr(cfg.data, "pack", False):
-        raise ConfigError(f"'parallel.sequence_chunks' = {k} does not support packed sequences yet "
-                          "(data.pack=true); set data.pack=false or parallel.sequence_chunks=1.")
     seq = cfg.data.seq_length
     multiple = chunk_multiple(p)
     if seq % (k * multiple) == 0:

@@ -31,16 +31,16 @@ SEQUENCE_KEYS = ("tokens", "labels", "loss_mask", "position_ids")
 
 def split_batch(batch: dict, num_chunks: int, keys: tuple[str, ...] = SEQUENCE_KEYS) -> list[dict]:
     """The ``num_chunks`` consecutive pieces of a micro batch along the sequence (other keys are
-    shared).
+    shared; packed documents' ``segment_ids`` are left out: :func:`run` takes those of the whole
+    sequence).
 
     Raises:
-        ConfigError: the batch is packed (segment ids or an attention mask), or its length does
-            not split into ``num_chunks`` equal pieces.
+        ConfigError: the batch has a dense attention mask, or its length does not split into
+            ``num_chunks`` equal pieces.
     """
-    if batch.get("segment_ids") is not None or batch.get("attention_mask") is not None:
-        raise ConfigError("parallel.sequence_chunks > 1 does not support packed sequences "
-                          "(documents with segment ids / an attention mask) yet; set "
-                          "parallel.sequence_chunks=1 or data.pack=false.")
+    if batch.get("attention_mask") is not None:
+        raise ConfigError("parallel.sequence_chunks > 1 takes packed documents as segment_ids, not "
+                          "as a dense attention_mask; set parallel.sequence_chunks=1.")
     seq = int(batch["tokens"].shape[1])
     if seq % num_chunks:
         raise ConfigError(f"a batch of sequence length {seq} cannot be split into "
@@ -49,7 +49,7 @@ def split_batch(batch: dict, num_chunks: int, keys: tuple[str, ...] = SEQUENCE_K
     size = seq // num_chunks
     chunks = []
     for j in range(num_chunks):
-        piece = dict(batch)
+        piece = {k: v for k, v in batch.items() if k != "segment_ids"}
         for key in keys:
             if batch.get(key) is not None:
                 piece[key] = batch[key][:, j * size:(j + 1) * size]
@@ -107,15 +107,18 @@ class _ReverseChunks(torch.autograd.Function):
         return None, None, None
 
 
-def run(model, chunks: list[dict], forward_chunk: Callable[[dict], torch.Tensor]) -> torch.Tensor:
+def run(model, chunks: list[dict], forward_chunk: Callable[[dict], torch.Tensor],
+        segment_ids: torch.Tensor | None = None) -> torch.Tensor:
     """Run ``forward_chunk(chunk_batch) -> [b, c]`` (per-token outputs) for each chunk in order.
+
+    ``segment_ids`` ``[b, S]``: packed documents, the ids of the whole sequence (global order).
 
     Returns:
         ``[b, sum c]``, the chunks' outputs side by side; its backward runs the chunks' backwards
         in reverse order (without a graph, e.g. under ``torch.no_grad``, just the outputs).
     """
     install_rope_offsets(model)
-    state = chunked_attention.ChunkState(len(chunks))
+    state = chunked_attention.ChunkState(len(chunks), segment_ids)
     outputs = []
     with chunked_attention.activate(state):
         for j, chunk in enumerate(chunks):

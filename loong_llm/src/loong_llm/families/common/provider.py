@@ -180,7 +180,7 @@ class DecoderProvider(ModelProvider):
             # K chunks in causal order (each laid out over the CP group), backward in reverse;
             # the loss below sums over all of them (docs/long_context.md).
             chunks = [slice_batch(c) for c in sequence_chunks.split_batch(batch, self.sequence_chunks)]
-            output = sequence_chunks.run(model, chunks, run)
+            output = sequence_chunks.run(model, chunks, run, segment_ids=batch.get("segment_ids"))
             loss_mask = torch.cat([c["loss_mask"] for c in chunks], dim=1).float()
         else:
             # segment_ids (packed samples) keep the documents apart: a SegmentMask for the seam's

@@ -18,6 +18,11 @@ backward): the leaves are made the first time and reused, so nothing is stored o
 Under context parallelism each global chunk is laid out with megatron-core's load-balanced layout
 over the CP group; the chunk's K/V are all-gathered (:func:`..context_parallel.gather_sequence`,
 backward reduce-scatter) and the gathered K/V are what later chunks see, a fully visible prefix.
+
+Packed documents: the state holds the segment ids of the whole sequence; a query block passes its
+own ids and those of all keys it may see (``segment_ids`` / ``kv_segment_ids`` of
+``kernels.attention``), so a document that started in an earlier chunk stays visible and the others
+do not; no ``[sq, sk]`` mask exists.
 """
 
 from __future__ import annotations
@@ -76,11 +81,14 @@ class ChunkState:
     Attributes:
         num_chunks: ``K``.
         chunk: The chunk whose forward (or recomputed forward, in the backward) runs now.
+        segment_ids: Packed documents: the ids ``[b, S]`` of the whole sequence (global order),
+            else None.
     """
 
-    def __init__(self, num_chunks: int):
+    def __init__(self, num_chunks: int, segment_ids: torch.Tensor | None = None):
         self.num_chunks = num_chunks
         self.chunk = 0
+        self.segment_ids = segment_ids
         self._kv: dict[tuple[int, int], tuple[list, list]] = {}  # (id(layer), chunk) -> leaves
 
     def keys_values(self, layer, key: torch.Tensor, value: torch.Tensor):
@@ -100,6 +108,13 @@ class ChunkState:
         earlier = [self._kv[(id(layer), i)] for i in range(j)]
         return (torch.cat([k[0] for k, _ in earlier] + [key]),
                 torch.cat([v[0] for _, v in earlier] + [value]))
+
+    def ids(self, start: int, end: int, keys_end: int):
+        """``(segment_ids, kv_segment_ids)`` of queries at global positions ``[start, end)`` and
+        the keys ``[0, keys_end)`` (None, None without packed documents)."""
+        if self.segment_ids is None:
+            return None, None
+        return self.segment_ids[:, start:end], self.segment_ids[:, :keys_end]
 
     def release(self, chunk: int) -> None:
         """Drop the K/V of ``chunk`` (its backward is done: no later use)."""
@@ -128,7 +143,10 @@ def attention(layer, query, key, value, *, cp_group=None, scale=None, dropout_p:
     if cp_group is None or cp_group.size() == 1:
         key, value = state.keys_values(layer, key, value)
         k, v = (t.permute(1, 2, 0, 3) for t in (key, value))
-        return op(q, k, v, causal=True, scale=scale, dropout_p=dropout_p).permute(2, 0, 1, 3)
+        sk, sq = k.shape[2], q.shape[2]
+        q_ids, k_ids = state.ids(sk - sq, sk, sk)
+        return op(q, k, v, causal=True, segment_ids=q_ids, kv_segment_ids=k_ids, scale=scale,
+                  dropout_p=dropout_p).permute(2, 0, 1, 3)
     from loong_core.engines.megatron.seam.context_parallel import gather_sequence, local_chunks
 
     size, rank = cp_group.size(), cp_group.rank()
@@ -140,6 +158,8 @@ def attention(layer, query, key, value, *, cp_group=None, scale=None, dropout_p:
     outs = []
     for half, index in enumerate(local_chunks(size, rank)):
         end = prefix + (index + 1) * piece
+        q_ids, k_ids = state.ids(end - piece, end, end)
         outs.append(op(q[:, :, half * piece:(half + 1) * piece], k[:, :, :end], v[:, :, :end],
-                       causal=True, scale=scale, dropout_p=dropout_p))
+                       causal=True, segment_ids=q_ids, kv_segment_ids=k_ids, scale=scale,
+                       dropout_p=dropout_p))
     return torch.cat(outs, dim=2).permute(2, 0, 1, 3)
