@@ -145,7 +145,10 @@ def save_collective(checkpoint_root: Path, iteration: int, write_shards, record:
     Args:
         checkpoint_root: ``<run_dir>/checkpoints``.
         iteration: Completed optimizer steps.
-        write_shards: ``callable(directory: str)`` that writes the engine's state (collective).
+        write_shards: ``callable(directory: str)`` that writes the engine's state (collective);
+            it may return ``{relative path: {"size", "crc32"}}`` of files it hashed while writing
+            them (:class:`~loong_core.checkpoint.integrity.HashingStream`), which are then not
+            read back.
         record: JSON-ready metadata stored in the completion record.
         rng_state: This rank's RNG state.
 
@@ -163,11 +166,12 @@ def save_collective(checkpoint_root: Path, iteration: int, write_shards, record:
             shutil.rmtree(final)
         partial.mkdir(parents=True)
     _barrier()
-    write_shards(str(partial))
+    known = write_shards(str(partial))
     (partial / "rng").mkdir(exist_ok=True)
     torch.save(rng_state, partial / "rng" / f"rank_{rank:05d}.pt")
     _barrier()
-    files = integrity.collective_checksums(partial, skip=(COMPLETE_FILE, COMPLETE_FILE[:-5] + ".tmp"))
+    files = integrity.collective_checksums(partial, skip=(COMPLETE_FILE, COMPLETE_FILE[:-5] + ".tmp"),
+                                           known=known if isinstance(known, dict) else None)
     if rank == 0:
         complete = partial / COMPLETE_FILE
         tmp = complete.with_suffix(".tmp")

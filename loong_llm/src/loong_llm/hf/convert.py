@@ -129,11 +129,15 @@ class _Streaming:
         self.parts = self.provider.hf_parts([self.chunk])
 
     def save_checkpoint(self, directory, common_state):
+        from loong_llm.hf.layout import layout_of, write_layout
         from loong_llm.hf.stream_checkpoint import save_streaming
 
-        save_streaming(self.chunk, lambda local: self.parts.part((0, local)), directory, common_state)
+        hashed = save_streaming(self.chunk, lambda local: self.parts.part((0, local)), directory,
+                                common_state)
+        write_layout(directory, layout_of(self.chunk))  # loong-to-hf reads it without a model
         logger.info("streamed %.1f MB from %s", self.parts.reader.bytes_read / 1e6,
                     self.parts.hf_dir)
+        return hashed
 
     def rng_state(self):
         from megatron.core import tensor_parallel
@@ -312,11 +316,9 @@ def model_overrides(model: dict, config_class) -> list[str]:
 
 
 # -- loong -> HF ---------------------------------------------------------------------------
-def _model_config_of(src: Path) -> tuple[dict, dict | None, str | None, Path | None]:
-    """``(model config, HF config.json base, HF dtype, source HF files)`` of a checkpoint."""
-    from loong_core.checkpoint import store
-
-    record = store.verify_checkpoint(src)  # every file's size and checksum
+def _model_config_of(src: Path, record: dict) -> tuple[dict, dict | None, str | None, Path | None]:
+    """``(model config, HF config.json base, HF dtype, source HF files)`` of a checkpoint with
+    completion record ``record``."""
     if "model" in record:
         files = src / HF_FILES
         return (record["model"], record.get("hf_config"), record.get("hf_dtype"),
@@ -338,53 +340,89 @@ def _model_config_of(src: Path) -> tuple[dict, dict | None, str | None, Path | N
 
 
 def loong_to_hf(src: str, dst: str, dtype: str | None = None) -> dict:
-    """Write the loong checkpoint ``src`` as an HF directory ``dst`` (one process).
+    """Write the loong checkpoint ``src`` as an HF directory ``dst`` (one process). Every file
+    of ``src`` is checked against its completion record while the export runs; the files
+    appear in ``dst`` only once the check passed. A checkpoint that stores its tensor layout
+    (:mod:`loong_llm.hf.layout`, written by ``hf-to-loong``) is read without megatron-core.
 
     Returns:
         ``{"seconds", "bytes"}``.
     """
-    import torch
-
-    from loong_core.config.schema import ParallelConfig
+    from loong_core.checkpoint import integrity, store
     from loong_core.config.validate import build_dataclass
-    from loong_core.engines.megatron import parallel
-    from loong_llm.hf.export import export_state
-
-    _import_libraries()
-    started = time.perf_counter()  # the conversion itself (the libraries' import is start-up)
-    from loong_core.checkpoint import store
+    from loong_core.plugins import get_plugin_system
+    from loong_llm.hf.layout import read_layout
 
     src_path = store.resolve_checkpoint(src)  # a run directory: its newest checkpoint
-    model_dict, hf_base, hf_dtype, extra = _model_config_of(src_path)
+    record = store.read_record(src_path)
+    model_dict, hf_base, hf_dtype, extra = _model_config_of(src_path, record)
     entry, adapter = _model_entry(model_dict["name"])
-    from loong_core.plugins import get_plugin_system
-
     # the registry resolves nested components (a VLM's encoder / projector / foundation)
     cfg = build_dataclass(entry.load_meta("config"), {**model_dict, "init_from_hf": None}, "model",
                           get_plugin_system().registry())
-    _init_single_rank()
-    provider = entry.load()(cfg)
-    p = ParallelConfig()
-    parallel.initialize(p, seed=0)
     lora = getattr(cfg, "lora", None) or getattr(getattr(cfg, "foundation", None), "lora", None)
+    merge = lora is not None and lora.enabled  # a VLM's LoRA lives in its foundation's config
+    layout = None if merge else read_layout(src_path)
+    if layout is None:
+        _import_libraries()
+    started = time.perf_counter()  # the conversion itself (the libraries' import is start-up)
+    # every file's size and checksum, checked while the export reads (nothing is published
+    # before the check passed; the readers never run code from a file, damaged or not)
+    verifying = integrity.BackgroundVerify(src_path, record)
+    staging = Path(dst).with_name(Path(dst).name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
     out_dtype = dtype or hf_dtype or "bfloat16"
-    if lora is not None and lora.enabled:  # a VLM's LoRA lives in its foundation's config
-        written = _export_merged_lora(provider, p, adapter, cfg, src_path, dst, out_dtype, hf_base)
-    else:
-        from loong_llm.hf.stream_checkpoint import StreamedState, build_meta_model
-
-        state = StreamedState(build_meta_model(provider, p, torch.float32), src_path)
-        try:
-            written = export_state(adapter, cfg, state, dst, out_dtype, hf_base)
-        finally:
-            state.close()
-    parallel_state_destroy()
+    try:
+        written = _export(entry, adapter, cfg, src_path, staging, out_dtype, hf_base, layout, merge)
+        verifying.wait()
+        Path(dst).mkdir(parents=True, exist_ok=True)
+        for path in staging.iterdir():
+            os.replace(path, Path(dst) / path.name)
+    except Exception:
+        verifying.wait()  # a damaged file fails here too: its checksum error names it plainly
+        raise
+    finally:
+        verifying.join()
+        shutil.rmtree(staging, ignore_errors=True)
     from loong_llm.hf.export_files import apply_umask, run_tokenizer_dir, write_support_files
 
     write_support_files(Path(dst), [extra, run_tokenizer_dir(src_path)],
                         getattr(cfg, "max_position_embeddings", None))
     apply_umask(Path(dst))
     return {"seconds": time.perf_counter() - started, "bytes": written}
+
+
+def _export(entry, adapter, cfg, src_path: Path, out: Path, dtype: str, hf_base: dict | None,
+            layout: dict | None, merge: bool) -> int:
+    """Weights + config.json of the checkpoint ``src_path`` into ``out``; returns bytes written.
+    With ``layout`` nothing of megatron-core is used; without, a meta model (or, to merge LoRA
+    adapters, a real one) gives the structure."""
+    from loong_llm.hf.export import export_state
+    from loong_llm.hf.stream_checkpoint import StreamedState
+
+    if layout is None:
+        import torch
+
+        from loong_core.config.schema import ParallelConfig
+        from loong_core.engines.megatron import parallel
+        from loong_llm.hf.layout import layout_of
+        from loong_llm.hf.stream_checkpoint import build_meta_model
+
+        _init_single_rank()
+        provider = entry.load()(cfg)
+        p = ParallelConfig()
+        parallel.initialize(p, seed=0)
+        try:
+            if merge:
+                return _export_merged_lora(provider, p, adapter, cfg, src_path, out, dtype, hf_base)
+            layout = layout_of(build_meta_model(provider, p, torch.float32))
+        finally:
+            parallel_state_destroy()
+    state = StreamedState(layout, src_path)
+    try:
+        return export_state(adapter, cfg, state, out, dtype, hf_base)
+    finally:
+        state.close()
 
 
 def parallel_state_destroy() -> None:

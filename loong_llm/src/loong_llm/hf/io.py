@@ -103,17 +103,15 @@ class SafetensorsReader:
         fd = self._fds.get(file)
         if fd is None:
             fd = self._fds[file] = os.open(self.dir / file, os.O_RDONLY)
-        buffer = bytearray(end - begin)
-        view, done = memoryview(buffer), 0
-        while done < len(buffer):
+        raw = torch.empty(end - begin, dtype=torch.uint8)  # not zero-filled: every byte is read
+        view, done = memoryview(raw.numpy()), 0
+        while done < len(view):
             got = os.preadv(fd, [view[done:]], start + begin + done)
             if got <= 0:
                 raise CheckpointError(f"{self.dir / file} is truncated (tensor {name!r}).")
             done += got
-        dtype = getattr(torch, _DTYPES[kind])
-        tensor = (torch.frombuffer(buffer, dtype=dtype) if buffer else torch.empty(0, dtype=dtype))
-        self.bytes_read += len(buffer)
-        return tensor.reshape(shape)
+        self.bytes_read += len(view)
+        return raw.view(getattr(torch, _DTYPES[kind])).reshape(shape)
 
     def dtype(self):
         """The dtype of the first floating tensor (the checkpoint's storage dtype)."""

@@ -17,6 +17,7 @@ the one ``MegatronEngine.save_checkpoint`` writes; a loading model of another dt
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import os
@@ -111,8 +112,52 @@ def _make_planner(views: dict, produce: Callable[[str], torch.Tensor], dtypes: d
     return StreamingPlanner(dedup_replicated_tensors=False, flatten_state_dict=False)
 
 
+def _hashing_writer(directory: Path):
+    """A DCP ``FileSystemWriter`` whose ``.distcp`` files are CRC-32'd as they are written
+    (``writer.hashed``: relative path -> ``{"size", "crc32"}``, for the completion record)."""
+    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint.filesystem import FileSystem
+
+    from loong_core.checkpoint.integrity import HashingStream
+
+    hashed: dict[str, dict] = {}
+
+    class HashingFileSystem(FileSystem):
+        @contextlib.contextmanager
+        def create_stream(self, path, mode):
+            with super().create_stream(path, mode) as stream:
+                if mode != "wb" or not str(path).endswith(".distcp"):
+                    yield stream
+                    return
+                hashing = HashingStream(stream)
+                yield hashing
+            if hashing.entry is not None:
+                hashed[Path(path).relative_to(directory).as_posix()] = hashing.entry
+
+    # No fsync per file: the completion record's CRC-32 of every file (checked before any load)
+    # catches a file a crash left incomplete, and a conversion is simply run again.
+    writer = FileSystemWriter(str(directory), single_file_per_rank=True, thread_count=1,
+                              sync_files=False)
+    writer.fs = HashingFileSystem()
+    writer.hashed = hashed
+    return writer
+
+
+@contextlib.contextmanager
+def _no_record_crc():
+    """``torch.save`` without the CRC-32 of each zip record (a third of its time on a large
+    tensor): the completion record's CRC-32 of the whole file, computed as it is written,
+    covers the same bytes, and ``torch.load`` does not check the record's."""
+    before = torch.serialization.get_crc32_options()
+    torch.serialization.set_crc32_options(False)
+    try:
+        yield
+    finally:
+        torch.serialization.set_crc32_options(before)
+
+
 def save_streaming(chunk, produce: Callable[[str], torch.Tensor], directory: str | Path,
-                   common_state: dict) -> None:
+                   common_state: dict) -> dict[str, dict]:
     """Write ``{"model": chunk's sharded state dict, "loong": common_state}`` to ``directory`` as
     a torch_dist checkpoint, taking each parameter's data from ``produce(local name)``.
 
@@ -122,6 +167,10 @@ def save_streaming(chunk, produce: Callable[[str], torch.Tensor], directory: str
             the parameter's).
         directory: Target directory (created).
         common_state: Plain data stored as the ``loong`` entry (iteration, ...).
+
+    Returns:
+        ``{relative path: {"size", "crc32"}}`` of the data files, hashed while written (for
+        :func:`loong_core.checkpoint.store.save_collective`).
     """
     import torch.distributed.checkpoint as dcp
     from megatron.core.dist_checkpointing.core import CheckpointingConfig, save_config
@@ -141,12 +190,11 @@ def save_streaming(chunk, produce: Callable[[str], torch.Tensor], directory: str
     get_default_save_common_strategy().save_common(common, directory)
     sharded_part, _, _ = _replace_state_dict_keys_with_sharded_keys(sharded_part, False)
     pyt_state = mcore_to_pyt_state_dict(sharded_part, False)
-    # No fsync per file: the completion record's CRC-32 of every file (checked before any load)
-    # catches a file a crash left incomplete, and a conversion is simply run again.
-    writer = dcp.FileSystemWriter(str(directory), single_file_per_rank=True, thread_count=1,
-                                  sync_files=False)
-    dcp.save(pyt_state, storage_writer=writer, planner=_make_planner(views, produce, dtypes))
+    writer = _hashing_writer(directory)
+    with _no_record_crc():
+        dcp.save(pyt_state, storage_writer=writer, planner=_make_planner(views, produce, dtypes))
     save_config(CheckpointingConfig("torch_dist", 1), str(directory))
+    return writer.hashed
 
 
 class _FileRange(io.RawIOBase):
@@ -258,26 +306,21 @@ class CheckpointTensors:
 
 
 class StreamedState:
-    """The full state dict of a TP1 / PP1 meta model, each tensor read from a checkpoint when
-    asked for (a read-only mapping: local name -> tensor in the stored dtype).
+    """The full state dict of a TP1 / PP1 model, each tensor read from a checkpoint when asked
+    for (a read-only mapping: local name -> tensor in the stored dtype).
 
     Args:
-        chunk: The model chunk on the meta device (one rank holding every layer).
+        layout: The model's :mod:`~loong_llm.hf.layout` (from a meta model with
+            :func:`~loong_llm.hf.layout.layout_of`, or the one stored in the checkpoint).
         directory: A torch_dist checkpoint of that model (any layout it was saved at).
     """
 
-    def __init__(self, chunk, directory: str | Path):
+    def __init__(self, layout: dict, directory: str | Path):
         self.reader = CheckpointTensors(directory)
-        _, views = sharded_views(chunk)
-        self.pieces: dict[str, list] = {}
-        for (key, offset), (local, view) in views.items():
-            self.pieces.setdefault(local, []).append((key, offset, view))
-        self.shapes = {name: t.shape for name, t in chunk.state_dict(keep_vars=True).items()
-                       if torch.is_tensor(t) and not name.endswith(_SKIP)}
-        missing = sorted(set(self.shapes) - set(self.pieces))
-        if missing:
-            raise CheckpointError(f"the model's state dict has tensors that its sharded state dict "
-                                  f"does not save: {missing[:5]}")
+        self.pieces = {name: [(key, tuple(offset), (tuple(size), tuple(stride), storage_offset))
+                              for key, offset, size, stride, storage_offset in entry["pieces"]]
+                       for name, entry in layout["tensors"].items()}
+        self.shapes = {name: torch.Size(entry["shape"]) for name, entry in layout["tensors"].items()}
 
     def __iter__(self):
         return iter(self.shapes)
