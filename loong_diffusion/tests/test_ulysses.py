@@ -57,8 +57,9 @@ def test_ulysses_size_not_dividing_the_heads_is_a_config_error(tmp_path):
     assert "valid ulysses_size: 1, 2" in text and "Traceback" not in text, text
 
 
-# Two gloo ranks run the small DiT with a Ulysses group: every block sees half of the tokens, and
-# the gathered output and the input gradient equal one rank's.
+# Two gloo ranks run the small DiT with a Ulysses group: every block sees half of the tokens, each
+# rank's output holds its own tokens only (zeros elsewhere: no gather), their sum and the input
+# and parameter gradients (loss over each rank's own tokens) equal one rank's.
 DIT_WORKER = r"""
 import json, os, sys
 import torch
@@ -84,7 +85,7 @@ def run():
     out = model(xx, t, label)
     hook.remove()
     model.zero_grad()
-    (out.square().sum() / ulysses.size()).backward()  # each rank's share of the loss
+    out.square().sum().backward()  # under Ulysses: over this rank's tokens, its share of the loss
     grads = torch.cat([p.grad.flatten() for p in model.parameters()])
     return out.detach(), xx.grad, grads, seen[0]
 
@@ -92,6 +93,9 @@ def run():
 ref_out, ref_dx, ref_grads, ref_tokens = run()
 ulysses.set_group(dist.group.WORLD)
 out, dx, grads, tokens = run()
+# Patches (4 x 4 of 2 x 2 pixels, row-major) with a non-zero output on this rank.
+own = out.abs().amax(dim=(0, 1)).view(4, 2, 4, 2).permute(0, 2, 1, 3).reshape(16, 4).ne(0).any(1)
+dist.all_reduce(out)  # each rank's output holds its own tokens (8 of 16 patches), zeros elsewhere
 dist.all_reduce(dx)
 dist.all_reduce(grads)  # parameter gradients summed over the group
 def rel(a, b):  # largest difference relative to the largest reference value
@@ -99,7 +103,7 @@ def rel(a, b):  # largest difference relative to the largest reference value
 
 
 print(json.dumps({"tokens": [ref_tokens, tokens], "out": rel(out, ref_out), "dx": rel(dx, ref_dx),
-                  "grads": rel(grads, ref_grads)}), flush=True)
+                  "grads": rel(grads, ref_grads), "own": own.tolist(), "rank": rank}), flush=True)
 os._exit(0)  # skip interpreter teardown (gloo threads)
 """
 
@@ -108,5 +112,7 @@ os._exit(0)  # skip interpreter teardown (gloo threads)
 def test_dit_blocks_see_half_the_tokens_and_match_one_rank():
     for result in run_gloo_workers(DIT_WORKER):
         assert result["tokens"] == [16, 8], result
+        # The non-zero output patches are this rank's contiguous half of the tokens.
+        assert result["own"] == [i // 8 == result["rank"] for i in range(16)], result
         for name in ("out", "dx", "grads"):  # fp32 (the timestep embedding is fp32), relative
             assert result[name] < 1e-6, (name, result)

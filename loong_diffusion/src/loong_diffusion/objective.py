@@ -86,7 +86,8 @@ class FlowMatching:
         self.config = config
 
     def loss(self, denoise: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], x0: torch.Tensor,
-             noise: torch.Tensor, u: torch.Tensor, seq_len: int | None = None) -> torch.Tensor:
+             noise: torch.Tensor, u: torch.Tensor, seq_len: int | None = None,
+             select: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
         """Per-sample losses ``[B]`` (fp32) for given noise and density draws.
 
         Args:
@@ -95,15 +96,24 @@ class FlowMatching:
             noise: Gaussian noise like ``x0``.
             u: Density draws ``[B]`` (see :func:`density`).
             seq_len: Latent tokens per sample (``shift_mode=resolution``).
+            select: Optional ``[B, ...] -> [B, ...]``: the elements of the prediction and the
+                target the loss covers (a sequence-parallel rank's own tokens). The result is
+                then the selected elements' share: their squared error summed over the
+                sample's element count, so the shares of a partition sum to the whole loss.
         """
         sigmas = sigmas_from_u(self.config, u.to(x0.device), seq_len)
         s = sigmas.view(-1, *([1] * (x0.dim() - 1))).to(x0.dtype)
         x_t = (1 - s) * x0 + s * noise
         prediction = denoise(x_t, sigmas)
-        error = (prediction.float() - (noise.float() - x0.float())) ** 2
+        target = noise.float() - x0.float()
+        if select is not None:
+            prediction, target = select(prediction), select(target)
+        error = (prediction.float() - target) ** 2
         weights = loss_weights(self.config, sigmas)
         if weights is not None:
-            error = weights.view_as(s).float() * error
+            error = weights.view(-1, *([1] * (error.dim() - 1))).float() * error
+        if select is not None:
+            return error.reshape(x0.shape[0], -1).sum(dim=1) / x0[0].numel()
         return error.reshape(x0.shape[0], -1).mean(dim=1)
 
     def draw(self, x0: torch.Tensor, seeds: Sequence[int] | None, extra: int = 0):

@@ -52,6 +52,12 @@ class DiffusionProvider(ModelProvider):
             out[key] = torch.where(mask, null[key], value)
         return out
 
+    def tokens(self, latents: torch.Tensor) -> torch.Tensor:
+        """A latent-shaped tensor ``[B, C, ...]`` in the model's token layout ``[B, s, D]`` (the
+        inverse of the unpatchify after its output projection): under Ulysses each rank's loss
+        covers its contiguous ``1/N`` of these tokens."""
+        raise NotImplementedError(f"{type(self).__name__} has no token layout")
+
     def latent_tokens(self, latents: torch.Tensor) -> int:
         """Tokens of one sample after patchifying (for the resolution-dependent shift)."""
         return int(latents[0].numel() // latents.shape[1])
@@ -63,11 +69,16 @@ class DiffusionProvider(ModelProvider):
         condition = self.condition(batch)
         if model.training and self.config.cond_dropout > 0:
             condition = self.drop_condition(condition, extra[:, 0] < self.config.cond_dropout)
+        # Under Ulysses the prediction holds this rank's tokens only (zeros elsewhere, see
+        # ulysses.pad): the loss covers those tokens and is this rank's share of each sample's
+        # loss; the sample count, the same on every rank, is shared 1/N. The engine sums both.
+        select = None
+        if ulysses.group() is not None:
+            def select(t):
+                return ulysses.shard(self.tokens(t), dim=1)
         per_sample = self.objective.loss(lambda x_t, s: self.denoise(model, x_t, s, condition),
-                                         x0, noise.to(x0.dtype), u, self.latent_tokens(x0))
-        # Under Ulysses every rank of the group computed the same sample losses (its tokens were
-        # gathered before the output): each returns its 1/N share, the engine sums the shares.
-        loss_sum = ulysses.loss_share(per_sample.sum())
+                                         x0, noise.to(x0.dtype), u, self.latent_tokens(x0), select)
+        loss_sum = per_sample.sum()
         count = ulysses.loss_share(torch.tensor(float(x0.shape[0]), device=x0.device))
         return loss_sum, count, {"loss": torch.stack([loss_sum.detach(), count])}
 

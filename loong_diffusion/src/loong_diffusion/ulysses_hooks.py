@@ -3,8 +3,9 @@
 A family names four places of its model (see :func:`install`): where the image / video tokens
 first appear (sharded there along the tokens), the positional embedding of those tokens (sharded
 alike, so RoPE rotates the local tokens by their global positions), the attention modules whose
-attention spans the tokens, and the output projection (gathered there, before diffusers'
-parameter-free unpatchify). The attention modules run with a marker that makes the diffusers
+attention spans the tokens, and the output projection (zero-padded there to the whole sequence,
+before diffusers' parameter-free unpatchify: each rank's loss covers its own tokens only, so
+nothing is gathered). The attention modules run with a marker that makes the diffusers
 module's ``dispatch_attention_fn`` go through :func:`loong_core.engines.torch_native.ulysses.attention`
 (all-to-all between tokens and heads, replicated text tokens first for joint attention); every
 other attention call (Wan's cross-attention to the text: local queries, all text keys) is left
@@ -89,9 +90,11 @@ def shard_input(module: torch.nn.Module, name: str, position: int = 0, dim: int 
     module.register_forward_pre_hook(hook, with_kwargs=True)
 
 
-def gather_output(module: torch.nn.Module, dim: int = 1) -> None:
-    """Concatenate the tokens of all ranks in ``module``'s output (backward: reduce-scatter)."""
-    module.register_forward_hook(lambda _m, _a, out: ulysses.gather(out, dim))
+def pad_output(module: torch.nn.Module, dim: int = 1) -> None:
+    """Put this rank's tokens of ``module``'s output at their place in the whole sequence, zeros
+    elsewhere (:func:`~loong_core.engines.torch_native.ulysses.pad`: no communication), for a
+    loss each rank takes over its own tokens."""
+    module.register_forward_hook(lambda _m, _a, out: ulysses.pad(out, dim))
 
 
 def mark_attention(modules: Iterable[torch.nn.Module], text_len: Callable[[tuple, dict], int]) -> None:

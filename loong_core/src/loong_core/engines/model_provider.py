@@ -76,9 +76,9 @@ class ModelProvider:
     def enable_ulysses(self, model: Any) -> None:
         """Torch engine with ``parallel.ulysses_size > 1``: make ``model`` (built, not yet wrapped)
         keep only this rank's share of the sequence (``loong_core.engines.torch_native.ulysses``:
-        shard the tokens, all-to-all around attention, gather the output), and
-        :meth:`torch_forward_step` return this rank's share of the loss and count. Default: not
-        supported."""
+        shard the tokens, all-to-all around attention, zero-pad the other ranks' output tokens),
+        and :meth:`torch_forward_step` return this rank's share of the loss (over its own tokens)
+        and count. Default: not supported."""
         from loong_core.errors import ConfigError
 
         raise ConfigError(f"model '{self.config.name}' does not support parallel.ulysses_size > 1; "

@@ -12,7 +12,13 @@ timestep embedding, text tokens) therefore carries on each rank only the part of
 that flows through that rank's tokens or heads, and the sum over the group is the one-rank
 gradient. The same holds for the parameters, whose gradients the data-parallel reduction sums
 over all ranks anyway; a model's per-rank loss must then be its share of the loss, so that the
-shares sum to the one-rank loss (see :func:`loss_share`).
+shares sum to the one-rank loss.
+
+The loss needs no gather: the output projection's tokens are zero-padded to the whole sequence
+(:func:`pad`: no communication; backward: this rank's slice), so the parameter-free unpatchify
+runs as on one rank, and a per-token loss (the flow-matching MSE) taken over this rank's own
+tokens is this rank's share; quantities computed identically on every rank (a sample count)
+contribute :func:`loss_share`.
 
 Text tokens of joint attention (MMDiT) are replicated: they are short, so every rank keeps all of
 them; :func:`attention` gives each rank the heads it owns of them, and gathers the text output
@@ -99,6 +105,19 @@ def gather(x: torch.Tensor, dim: int = 1) -> torch.Tensor:
     if _GROUP is None:
         return x
     return GatherSequence.apply(x.movedim(dim, 0), _GROUP).movedim(0, dim).contiguous()
+
+
+def pad(x: torch.Tensor, dim: int = 1) -> torch.Tensor:
+    """This rank's tokens ``x`` (its contiguous ``1/N`` along ``dim``) at their place in the whole
+    sequence, zeros at the other ranks' (no communication; backward: this rank's slice of the
+    gradient). The adjoint of :func:`shard`."""
+    if _GROUP is None:
+        return x
+    n, r = size(), rank()
+    shape = list(x.shape)
+    before, after = list(shape), list(shape)
+    before[dim], after[dim] = r * shape[dim], (n - 1 - r) * shape[dim]
+    return torch.cat([x.new_zeros(before), x, x.new_zeros(after)], dim=dim)
 
 
 def seq_to_heads(x: torch.Tensor) -> torch.Tensor:

@@ -28,6 +28,13 @@ def modulate(norm: nn.LayerNorm, x: torch.Tensor, shift: torch.Tensor, scale: to
     return norm_modulate(norm, x, shift[:, None], scale[:, None])
 
 
+def patchify(x: torch.Tensor, p: int) -> torch.Tensor:
+    """``[B, C, H, W]`` -> tokens ``[B, (H/p)(W/p), C*p*p]`` (row-major patches; the inverse of
+    the unpatchify at the end of :meth:`DiT.forward`)."""
+    b, ch, h, w = x.shape
+    return x.view(b, ch, h // p, p, w // p, p).permute(0, 2, 4, 1, 3, 5).reshape(b, (h // p) * (w // p), ch * p * p)
+
+
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Bidirectional attention in ``[b, s, h, d]`` layout."""
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
@@ -93,13 +100,13 @@ class DiT(nn.Module):
         """``x [B, C, H, W]``, ``timestep [B]`` in [0, 1000], ``class_label [B]`` -> velocity like ``x``."""
         b, ch, _, _ = x.shape
         p, g = self.c.patch_size, self.grid
-        tokens = x.view(b, ch, g, p, g, p).permute(0, 2, 4, 1, 3, 5).reshape(b, g * g, ch * p * p)
-        h = ulysses.shard(self.patch(tokens) + self.pos, dim=1)  # this rank's tokens under Ulysses
+        h = ulysses.shard(self.patch(patchify(x, p)) + self.pos, dim=1)  # this rank's tokens under Ulysses
         cond = self.time(timestep_embedding(timestep, self.c.frequency_dim)) + self.label(class_label)
         for block in self.blocks:
             h = block(h, cond)
         shift, scale = self.ada(F.silu(cond)).chunk(2, dim=-1)
-        out = ulysses.gather(self.out(modulate(self.norm, h, shift, scale)), dim=1)
+        # Under Ulysses: this rank's tokens, zeros at the others' (its loss covers its own tokens).
+        out = ulysses.pad(self.out(modulate(self.norm, h, shift, scale)), dim=1)
         return out.view(b, g, g, ch, p, p).permute(0, 3, 1, 4, 2, 5).reshape(b, ch, g * p, g * p)
 
 
@@ -116,7 +123,10 @@ class DiTProvider(DiffusionProvider):
 
     def enable_ulysses(self, model) -> None:
         """Nothing to install: :class:`DiT` shards its tokens, runs its attention through
-        ``ulysses.attention`` and gathers its output whenever a Ulysses group is set."""
+        ``ulysses.attention`` and zero-pads its output tokens whenever a Ulysses group is set."""
+
+    def tokens(self, latents):
+        return patchify(latents, self.config.patch_size)
 
     def denoise(self, model, x_t, sigmas, condition):
         return model(x_t, sigmas * 1000.0, condition["class_label"])

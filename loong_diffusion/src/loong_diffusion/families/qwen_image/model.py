@@ -55,13 +55,18 @@ class QwenImageProvider(DiffusersProvider):
     def enable_ulysses(self, model) -> None:
         """Shard the image tokens after ``img_in`` (and their RoPE angles), keep the text stream
         replicated, run the joint attention sequence-parallel (image tokens all-to-all, text
-        heads sliced locally and gathered back), gather after ``proj_out``."""
+        heads sliced locally and gathered back), zero-pad the other ranks' image tokens after
+        ``proj_out`` (the loss covers this rank's, :meth:`tokens`)."""
         from loong_diffusion import ulysses_hooks as hooks
 
         hooks.shard_output(model.img_in, dim=1)
         hooks.shard_output(model.pos_embed, dim=0, index=0)
         hooks.mark_attention([block.attn for block in model.transformer_blocks], _text_len)
-        hooks.gather_output(model.proj_out, dim=1)
+        hooks.pad_output(model.proj_out, dim=1)
+
+    def tokens(self, latents):
+        """The packed 2x2 tokens of :func:`pack` (``[B, C, 1, H, W]`` Wan-VAE latents: of the frame)."""
+        return pack(latents[:, :, 0] if latents.dim() == 5 else latents, self.config.patch_size)
 
     def latent_tokens(self, latents) -> int:
         p = self.config.patch_size

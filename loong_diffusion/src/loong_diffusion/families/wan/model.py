@@ -22,14 +22,24 @@ class WanProvider(DiffusersProvider):
 
     def enable_ulysses(self, model) -> None:
         """Shard the video tokens (and their RoPE angles) after the patch embedding, all-to-all
-        around the self-attention, gather after ``proj_out``; the cross-attention keeps all text
-        tokens on every rank (local queries need no exchange)."""
+        around the self-attention, zero-pad the other ranks' tokens after ``proj_out`` (the loss
+        covers this rank's, :meth:`tokens`); the cross-attention keeps all text tokens on every
+        rank (local queries need no exchange)."""
         from loong_diffusion import ulysses_hooks as hooks
 
         hooks.shard_all_outputs(model.rope, dim=1)
         hooks.shard_input(model.blocks[0], "hidden_states", position=0, dim=1)
         hooks.mark_attention([block.attn1 for block in model.blocks], hooks.no_text)
-        hooks.gather_output(model.proj_out, dim=1)
+        hooks.pad_output(model.proj_out, dim=1)
+
+    def tokens(self, latents):
+        """``[B, C, F, H, W]`` -> ``[B, (F/pt)(H/ph)(W/pw), pt*ph*pw*C]``: the token layout of
+        ``proj_out``'s output, which diffusers' ``WanTransformer3DModel`` unpatchifies as
+        ``[B, f, h, w, pt, ph, pw, C]`` (frame-major tokens, then the patch, channels last)."""
+        pt, ph, pw = self.config.patch_size
+        b, c, f, h, w = latents.shape
+        x = latents.reshape(b, c, f // pt, pt, h // ph, ph, w // pw, pw).permute(0, 2, 4, 6, 3, 5, 7, 1)
+        return x.reshape(b, (f // pt) * (h // ph) * (w // pw), pt * ph * pw * c)
 
     def latent_tokens(self, latents) -> int:
         pt, ph, pw = self.config.patch_size
