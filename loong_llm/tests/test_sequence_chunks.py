@@ -43,7 +43,8 @@ def unchunked(tmp_path_factory, tiny):
 def test_four_chunks_with_full_recompute_equal_unchunked(unchunked):
     common, ref, root = unchunked
     run_dir = root / "k4_rc"
-    run_train([*common, "parallel.sequence_chunks=4", *RECOMPUTE, f"trainer.run_dir={run_dir}"])
+    proc = run_train([*common, "parallel.sequence_chunks=4", *RECOMPUTE, f"trainer.run_dir={run_dir}"])
+    assert "dist-opt=False sequence-chunks=4" in proc.stdout + proc.stderr  # the banner says so
     _assert_same(_curve(run_dir), ref, "K=4 + recompute")
 
 

@@ -19,7 +19,8 @@ def _parallel_line(p, layout) -> str:
         return (f"parallel: engine=megatron TP={p.tensor_model_parallel_size} "
                 f"PP={p.pipeline_model_parallel_size} VPP={p.virtual_pipeline_model_parallel_size or 1} "
                 f"CP={p.context_parallel_size} EP={p.expert_model_parallel_size} DP={layout.data_parallel_size} "
-                f"SP={p.sequence_parallel} dist-opt={p.use_distributed_optimizer}")
+                f"SP={p.sequence_parallel} dist-opt={p.use_distributed_optimizer}"
+                + (f" sequence-chunks={p.sequence_chunks}" if p.sequence_chunks > 1 else ""))
     sharding = getattr(p, "data_parallel_sharding", "ddp")
     ulysses = getattr(p, "ulysses_size", 1)
     return (f"parallel: engine={p.engine} {sharding} over DP={layout.data_parallel_size} "
