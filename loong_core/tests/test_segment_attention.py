@@ -136,3 +136,17 @@ def test_key_segment_ids_need_query_ids_and_the_key_length():
         attn.sdpa(q, k, v, segment_ids=K2[:, 16:])
     with pytest.raises(ValueError, match="pass kv_segment_ids"):
         ref.attention(q, k, v, segment_ids=K2[:, 16:])
+
+
+def test_bottom_right_causal_off_cpu_branch_equals_the_reference(monkeypatch):
+    # Off CPU (or with dropout) suffix blocks go through SDPA with torch's lower-right causal bias;
+    # its numbers are checked here on CPU (the CPU flash path is switched off).
+    monkeypatch.setattr(varlen.suffix_causal, "applies", lambda *args: False)
+    q_ids, k_ids, _, _ = CASES["suffix chunk"]
+    q, k, v = _qkv(2, 8, 24, torch.float32)
+    out = attn.sdpa(q, k, v, causal=True, segment_ids=q_ids, kv_segment_ids=k_ids, scale=0.3)
+    want = ref.attention(q, k, v, causal=True, segment_ids=q_ids, kv_segment_ids=k_ids, scale=0.3)
+    grad = torch.randn_like(want)
+    assert (out - want).abs().max() < 1e-5
+    for got, exp in zip(torch.autograd.grad(out, (q, k, v), grad), torch.autograd.grad(want, (q, k, v), grad)):
+        assert (got - exp).abs().max() < 1e-5
