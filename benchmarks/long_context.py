@@ -9,6 +9,8 @@ groups, vocabulary 512, fp32, micro-batch 1) of ``--steps`` steps at one sequenc
 * ``CP2``: ``parallel.context_parallel_size=2`` on 2 ranks (1 thread each), each holding half of
   every sequence.
 * ``+rc``: ``parallel.recompute_granularity=full recompute_method=uniform recompute_num_layers=1``.
+* ``+k4``: ``parallel.sequence_chunks=4``, the chunked schedule (the sequence through the model in 4
+  chunks, K/V of earlier chunks kept, backward in reverse chunk order).
 
 Columns: ``peak`` is the largest peak resident set (``VmHWM``) over the ranks of the run, ``base``
 the same arm's peak at ``--base-seq`` tokens (imports, model, optimizer, data loader: what does not
@@ -28,10 +30,12 @@ Rows whose estimated peak does not fit in ``--max-gib`` are skipped and named.
 ``--before DIR`` compares code versions: every row also runs with the packages of the checkout in
 ``DIR`` first on ``PYTHONPATH`` (e.g. ``git archive COMMIT | tar -x -C DIR``), interleaved with
 this tree's run of the same row (``code`` column: ``before`` / ``now``).
+``--interleave-arms`` runs the arms of one sequence length back to back (all lengths of one arm
+otherwise), so arms compared by their ratio see the same load on a shared machine.
 
 Usage: python benchmarks/long_context.py [--seqs 4096 8192 16384 32768] [--arms cp1 cp1+rc cp2 cp2+rc]
        [--steps 3] [--set kernels.linear_cross_entropy=chunked] [--mmap-threshold 131072]
-       [--before DIR]
+       [--before DIR] [--interleave-arms]
 """
 
 from __future__ import annotations
@@ -50,9 +54,11 @@ import psutil
 
 RECOMPUTE = ["parallel.recompute_granularity=full", "parallel.recompute_method=uniform",
              "parallel.recompute_num_layers=1"]
-ARMS = {  # name -> (context-parallel size = ranks, recompute)
-    "cp1": (1, False), "cp1+rc": (1, True), "cp2": (2, False), "cp2+rc": (2, True),
+ARMS = {  # name -> (context-parallel size = ranks, recompute, sequence chunks)
+    "cp1": (1, False, 1), "cp1+rc": (1, True, 1), "cp2": (2, False, 1), "cp2+rc": (2, True, 1),
+    "cp1+rc+k4": (1, True, 4), "cp2+rc+k4": (2, True, 4),
 }
+DEFAULT_ARMS = ["cp1", "cp1+rc", "cp2", "cp2+rc"]
 
 
 def _hwm_bytes(pid: int) -> int:
@@ -98,7 +104,7 @@ def _pythonpath(src: str | None) -> dict:
 
 
 def run(seq: int, cp: int, recompute: bool, steps: int, extra: list[str],
-        mmap_threshold: int | None = None, src: str | None = None) -> dict:
+        mmap_threshold: int | None = None, src: str | None = None, chunks: int = 1) -> dict:
     """One training run; returns per-rank peak bytes, step times and the losses."""
     with tempfile.TemporaryDirectory() as run_dir:
         overrides = [
@@ -107,7 +113,8 @@ def run(seq: int, cp: int, recompute: bool, steps: int, extra: list[str],
             "trainer.log_interval=1", "trainer.eval_interval=0", "trainer.eval_at_start=false",
             "trainer.save_at_end=false", "trainer.progress_bar=false", "trainer.tensorboard=false",
             f"parallel.context_parallel_size={cp}", f"device.num_threads={2 // cp}",
-            f"trainer.run_dir={run_dir}", *(RECOMPUTE if recompute else []), *extra]
+            f"trainer.run_dir={run_dir}", f"parallel.sequence_chunks={chunks}",
+            *(RECOMPUTE if recompute else []), *extra]
         cmd = [sys.executable, "-m", "loong_core.cli.main", "train", *overrides, "--nproc-per-node", str(cp)]
         env = {**os.environ, "OMP_NUM_THREADS": str(2 // cp), **_pythonpath(src)}
         if mmap_threshold is not None:
@@ -135,7 +142,7 @@ def run(seq: int, cp: int, recompute: bool, steps: int, extra: list[str],
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seqs", type=int, nargs="+", default=[4096, 8192, 16384, 32768])
-    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    parser.add_argument("--arms", nargs="+", default=DEFAULT_ARMS, choices=list(ARMS))
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--base-seq", type=int, default=256)
     parser.add_argument("--max-gib", type=float, default=20.0, help="skip rows estimated above this")
@@ -143,6 +150,8 @@ def main() -> None:
     parser.add_argument("--mmap-threshold", type=int, help="MALLOC_MMAP_THRESHOLD_ of the runs (bytes)")
     parser.add_argument("--json", help="also write the rows to this file")
     parser.add_argument("--before", metavar="DIR", help="also run every row with the checkout in DIR")
+    parser.add_argument("--interleave-arms", action="store_true",
+                        help="run the arms of one sequence length back to back")
     args = parser.parse_args()
     gib, mib = 2**30, 2**20
     rows, skipped = [], []
@@ -152,34 +161,40 @@ def main() -> None:
     print("| arm | code | seq | tokens/rank | peak GiB (per rank) | base GiB | act MiB | KiB/tok | marg | step s "
           "| loss[-1] |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for arm in args.arms:
-        cp, recompute = ARMS[arm]
-        base = {code: max(run(args.base_seq, cp, recompute, 2, args.extra, args.mmap_threshold, src)["peaks"])
-                for code, src in codes}
-        previous = {}  # code -> (tokens per rank, act bytes) of the last row, to extrapolate the next
-        for seq in args.seqs:
-            tokens = seq // cp
-            for code, src in codes:  # interleaved: the versions of one row run back to back
-                if code in previous:
-                    # Quadratic growth is the worst case the table checks for.
-                    estimate = base[code] + previous[code][1] * (tokens / previous[code][0]) ** 2
-                    if estimate > args.max_gib * gib:
-                        skipped.append(f"{arm} {code} seq {seq}: estimated {estimate / gib:.1f} GiB "
-                                       f"> {args.max_gib} GiB")
-                        continue
-                result = run(seq, cp, recompute, args.steps, args.extra, args.mmap_threshold, src)
-                peak = max(result["peaks"])
-                act = peak - base[code]
-                last = previous.get(code)
-                marginal = "-" if last is None else f"{(act - last[1]) / 1024 / (tokens - last[0]):.1f}"
-                previous[code] = (tokens, act)
-                later = result["step_times"][1:] or result["step_times"]
-                row = dict(arm=arm, code=code, seq=seq, tokens=tokens, peaks=result["peaks"], base=base[code],
-                           act=act, step=statistics.mean(later), loss=result["losses"][-1])
-                rows.append(row)
-                per_rank = " / ".join(f"{p / gib:.2f}" for p in result["peaks"])
-                print(f"| {arm} | {code} | {seq} | {tokens} | {per_rank} | {base[code] / gib:.2f} | {act / mib:.0f} | "
-                      f"{act / 1024 / tokens:.1f} | {marginal} | {row['step']:.2f} | {row['loss']:.4f} |", flush=True)
+    lanes = [(arm, code, src) for arm in args.arms for code, src in codes]
+    base = {}  # (arm, code) -> peak bytes at --base-seq
+    for arm, code, src in lanes:
+        cp, recompute, chunks = ARMS[arm]
+        base[arm, code] = max(run(args.base_seq, cp, recompute, 2, args.extra, args.mmap_threshold, src,
+                                  chunks)["peaks"])
+    if args.interleave_arms:
+        order = [(seq, lane) for seq in args.seqs for lane in lanes]
+    else:  # the versions of one row (code) still run back to back
+        order = [(seq, lane) for arm in args.arms for seq in args.seqs for lane in lanes if lane[0] == arm]
+    previous = {}  # (arm, code) -> (tokens per rank, act bytes) of the last row, to extrapolate the next
+    for seq, (arm, code, src) in order:
+        cp, recompute, chunks = ARMS[arm]
+        tokens, lane = seq // cp, (arm, code)
+        if lane in previous:
+            # Quadratic growth is the worst case the table checks for.
+            estimate = base[lane] + previous[lane][1] * (tokens / previous[lane][0]) ** 2
+            if estimate > args.max_gib * gib:
+                skipped.append(f"{arm} {code} seq {seq}: estimated {estimate / gib:.1f} GiB "
+                               f"> {args.max_gib} GiB")
+                continue
+        result = run(seq, cp, recompute, args.steps, args.extra, args.mmap_threshold, src, chunks)
+        peak = max(result["peaks"])
+        act = peak - base[lane]
+        last = previous.get(lane)
+        marginal = "-" if last is None else f"{(act - last[1]) / 1024 / (tokens - last[0]):.1f}"
+        previous[lane] = (tokens, act)
+        later = result["step_times"][1:] or result["step_times"]
+        row = dict(arm=arm, code=code, seq=seq, tokens=tokens, peaks=result["peaks"], base=base[lane],
+                   act=act, step=statistics.mean(later), loss=result["losses"][-1])
+        rows.append(row)
+        per_rank = " / ".join(f"{p / gib:.2f}" for p in result["peaks"])
+        print(f"| {arm} | {code} | {seq} | {tokens} | {per_rank} | {base[lane] / gib:.2f} | {act / mib:.0f} | "
+              f"{act / 1024 / tokens:.1f} | {marginal} | {row['step']:.2f} | {row['loss']:.4f} |", flush=True)
     for line in skipped:
         print(f"skipped: {line}")
     if args.json:

@@ -18,7 +18,7 @@ out over the CP group in megatron-core's load-balanced layout (``slice_batch`` p
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
