@@ -74,7 +74,9 @@ def plan(q_ids: torch.Tensor, k_ids: torch.Tensor, causal: bool) -> list[Block] 
     """The blocks of every batch row, in query order; None when some segment is not one run."""
     blocks = []
     offset = k_ids.shape[1] - q_ids.shape[1]
-    for row, (q_spans, k_spans) in enumerate(zip(runs(q_ids), runs(k_ids))):
+    q_runs = runs(q_ids)
+    k_runs = q_runs if k_ids is q_ids else runs(k_ids)  # self-attention: one host transfer
+    for row, (q_spans, k_spans) in enumerate(zip(q_runs, k_runs)):
         if q_spans is None or k_spans is None:
             return None
         for seg, (qs, qe) in sorted(q_spans.items(), key=lambda item: item[1]):
@@ -107,7 +109,9 @@ def _segment_blocks(row, qs, qe, keys, offset, causal):
 def attention(q, k, v, q_ids: torch.Tensor, k_ids: torch.Tensor, causal: bool, scale, dropout_p):
     """Segment attention of ``q [b, hq, sq, d]`` over ``k, v [b, hk, sk, d / dv]``; see the
     module docstring. Returns ``[b, hq, sq, dv]``."""
-    q_ids, k_ids = q_ids.expand(q.shape[0], -1), k_ids.expand(q.shape[0], -1)
+    same = k_ids is q_ids
+    q_ids = q_ids.expand(q.shape[0], -1)
+    k_ids = q_ids if same else k_ids.expand(q.shape[0], -1)
     blocks = plan(q_ids, k_ids, causal)
     if blocks is None:
         return _scattered(q, k, v, q_ids, k_ids, causal, scale, dropout_p)
