@@ -17,7 +17,9 @@ torch for the plain row, torch + megatron-core + the plugins for ``loong convert
 work alone (the time each command reports for its conversion, the plain row's load + save).
 
 The rows run interleaved for ``--rounds`` rounds (default 3) and the table shows each column's
-median, so a busy moment of a shared machine weighs on every row alike.
+median, so a busy moment of a shared machine weighs on every row alike. Before each row the page
+cache is flushed (``os.sync``, not timed), so no row pays for writing back the previous row's
+output: no row syncs its own output, each measures writing into the page cache.
 
 Usage: python benchmarks/convert.py [--workdir DIR] [--keep] [--rounds N] [--tied]
 """
@@ -161,6 +163,8 @@ def main() -> None:
         for _ in range(args.rounds):  # the arms interleaved, so a busy moment hits all of them
             for name, out, cmd in arms:
                 shutil.rmtree(out, ignore_errors=True)
+                os.sync()  # each row starts with no dirty pages of the row before (untimed):
+                # the disk writes ~200 MB/s here, and a backlog throttles whoever writes next
                 runs[name].append(run_child(cmd))
         rows = [(name, *(statistics.median(r[i] for r in runs[name]) for i in range(3)))
                 for name, _, _ in arms]

@@ -33,6 +33,20 @@ def crc32_of(path: Path) -> str:
     return f"{value:08x}"
 
 
+_OVERLAP_BYTES = 1 << 20
+_WORKER = None
+
+
+def _crc_worker():
+    """One thread that checksums large writes while the writer's thread writes them."""
+    global _WORKER
+    if _WORKER is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _WORKER = ThreadPoolExecutor(1, thread_name_prefix="loong-crc")
+    return _WORKER
+
+
 class HashingStream:
     """A binary output stream that passes every write on to ``stream`` and keeps the size and
     CRC-32 of the bytes written, so a writer's checksum costs no second pass over the file.
@@ -49,8 +63,13 @@ class HashingStream:
 
     def write(self, data) -> int:
         view = memoryview(data).cast("B")
-        self.crc = zlib.crc32(view, self.crc)
-        written = self.stream.write(view)
+        if len(view) >= _OVERLAP_BYTES:  # checksum and write side by side (both release the GIL)
+            pending = _crc_worker().submit(zlib.crc32, view, self.crc)
+            written = self.stream.write(view)
+            self.crc = pending.result()
+        else:
+            self.crc = zlib.crc32(view, self.crc)
+            written = self.stream.write(view)
         self.size += len(view)
         return written
 

@@ -38,9 +38,11 @@ def read_header(path: Path) -> tuple[dict, int]:
 class SafetensorsReader:
     """Tensors of an HF directory by name, read one at a time.
 
-    Each tensor is read with one positioned read into its own buffer (no memory map), so the
-    process holds only the tensors it still uses: reading a whole checkpoint does not leave the
-    files' pages mapped into it.
+    Each tensor is a private (copy-on-write) memory map of its own byte range, unmapped when the
+    tensor is freed: reading costs no copy and no fresh memory (the pages are the page cache's;
+    on a VM, first-touch anonymous memory made a positioned read into a new buffer 2.5x slower
+    end to end), and the process holds only the tensors it still uses, never a whole file's
+    mapping. A file shorter than its header says is refused before anything is mapped.
 
     Args:
         hf_dir: Directory with ``model.safetensors`` or ``model.safetensors.index.json`` + shards.
@@ -78,7 +80,8 @@ class SafetensorsReader:
         return name in self.weight_map
 
     def get(self, name: str):
-        """The tensor ``name`` (loaded now; nothing is cached)."""
+        """The tensor ``name`` (mapped now; nothing is cached)."""
+        import mmap
         import os
 
         import torch
@@ -103,15 +106,17 @@ class SafetensorsReader:
         fd = self._fds.get(file)
         if fd is None:
             fd = self._fds[file] = os.open(self.dir / file, os.O_RDONLY)
-        raw = torch.empty(end - begin, dtype=torch.uint8)  # not zero-filled: every byte is read
-        view, done = memoryview(raw.numpy()), 0
-        while done < len(view):
-            got = os.preadv(fd, [view[done:]], start + begin + done)
-            if got <= 0:
-                raise CheckpointError(f"{self.dir / file} is truncated (tensor {name!r}).")
-            done += got
-        self.bytes_read += len(view)
-        return raw.view(getattr(torch, _DTYPES[kind])).reshape(shape)
+        dtype = getattr(torch, _DTYPES[kind])
+        offset, size = start + begin, end - begin
+        if os.fstat(fd).st_size < offset + size:  # a mapping past the end would fault (SIGBUS)
+            raise CheckpointError(f"{self.dir / file} is truncated (tensor {name!r}).")
+        if size == 0:
+            return torch.empty(shape, dtype=dtype)
+        base = offset - offset % mmap.ALLOCATIONGRANULARITY
+        mapped = mmap.mmap(fd, offset + size - base, offset=base, access=mmap.ACCESS_COPY)
+        raw = torch.frombuffer(mapped, dtype=torch.uint8, count=size, offset=offset - base)
+        self.bytes_read += size
+        return raw.view(dtype).reshape(shape)
 
     def dtype(self):
         """The dtype of the first floating tensor (the checkpoint's storage dtype)."""
