@@ -1,6 +1,7 @@
 """Ulysses sequence parallelism on diffusers DiTs, without changing their code or weights.
 
-A family names four places of its model (see :func:`install`): where the image / video tokens
+A family names four places of its model (with :func:`shard_output`, :func:`shard_input`,
+:func:`mark_attention` and :func:`pad_output`): where the image / video tokens
 first appear (sharded there along the tokens), the positional embedding of those tokens (sharded
 alike, so RoPE rotates the local tokens by their global positions), the attention modules whose
 attention spans the tokens, and the output projection (zero-padded there to the whole sequence,
