@@ -78,3 +78,15 @@ def test_loong_to_hf_of_a_changed_shard_names_it_and_writes_nothing(converted, t
     assert proc.returncode == 2
     assert f"error: {damaged / shard} was changed after it was written" in proc.stderr
     assert not out.exists() and not (tmp_path / "hf.partial").exists()
+
+
+def test_loong_to_hf_never_runs_code_planted_in_a_tensor_chunk(converted, tmp_path):
+    _, checkpoint = converted
+    planted = tmp_path / "ckpt"
+    shutil.copytree(checkpoint, planted)
+    marker = tmp_path / "payload_ran"
+    faults.plant_in_shard_object(planted, marker, "decoder.layers", tensor=True)  # checksums redone
+    proc = _cli("loong-to-hf", str(planted), str(tmp_path / "hf"))
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "__0_0.distcp" in proc.stderr and "does not unpickle" in proc.stderr
+    assert not marker.exists() and not (tmp_path / "hf").exists()

@@ -84,15 +84,17 @@ def _entries(checkpoint: Path, want_bytes: bool, contains: str):
             yield metadata, index, info
 
 
-def plant_in_shard_object(checkpoint: Path, marker: Path, contains: str = "") -> str:
-    """Make one non-tensor entry of a ``.distcp`` shard (``_extra_state``, optimizer settings) a
-    trojan: the new bytes are appended to its shard and ``.metadata`` points at them.
+def plant_in_shard_object(checkpoint: Path, marker: Path, contains: str = "",
+                          tensor: bool = False) -> str:
+    """Make one non-tensor entry of a ``.distcp`` shard (``_extra_state``, optimizer settings),
+    or with ``tensor`` one tensor chunk, a trojan: the new bytes are appended to its shard and
+    ``.metadata`` points at them.
 
     Returns:
         The entry's key.
     """
     checkpoint = Path(checkpoint)
-    metadata, index, info = next(_entries(checkpoint, True, contains))
+    metadata, index, info = next(_entries(checkpoint, not tensor, contains))
     shard = checkpoint / info.relative_path
     with open(shard, "rb") as handle:
         handle.seek(info.offset)

@@ -18,9 +18,7 @@ the one ``MegatronEngine.save_checkpoint`` writes; a loading model of another dt
 from __future__ import annotations
 
 import contextlib
-import io
 import logging
-import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -197,39 +195,6 @@ def save_streaming(chunk, produce: Callable[[str], torch.Tensor], directory: str
     return writer.hashed
 
 
-class _FileRange(io.RawIOBase):
-    """Bytes ``[offset, offset + length)`` of an open file, as a seekable file of their own."""
-
-    def __init__(self, handle, offset: int, length: int):
-        super().__init__()
-        self.handle, self.start, self.length, self.pos = handle, offset, length, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self.pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.length}[whence]
-        self.pos = min(max(base + offset, 0), self.length)
-        return self.pos
-
-    def readinto(self, buffer) -> int:
-        view = memoryview(buffer).cast("B")
-        size = min(len(view), self.length - self.pos)
-        if size <= 0:
-            return 0
-        got = os.preadv(self.handle.fileno(), [view[:size]], self.start + self.pos)
-        if got < size and got <= 0:
-            raise CheckpointError(f"{self.handle.name} is truncated.")
-        self.pos += got
-        return got
-
-
 class CheckpointTensors:
     """Regions of the tensors of a torch_dist checkpoint, read chunk by chunk (no model).
 
@@ -258,6 +223,7 @@ class CheckpointTensors:
     def _chunk(self, key: str, chunk) -> torch.Tensor:
         from torch.distributed.checkpoint.metadata import MetadataIndex
 
+        from loong_core.checkpoint.mapped import FileRange, map_torch_tensor
         from loong_core.checkpoint.restricted import load_torch_file
 
         info = self.metadata.storage_data[MetadataIndex(key, torch.Size(chunk.offsets))]
@@ -265,8 +231,11 @@ class CheckpointTensors:
             raise CheckpointError(f"{self.dir}/{info.relative_path}: chunk of {key!r} is stored "
                                   f"with transforms {info.transform_descriptors}, not supported.")
         with open(self.dir / info.relative_path, "rb") as handle:
+            mapped = map_torch_tensor(handle, info.offset, info.length, info.relative_path)
+            if mapped is not None:
+                return mapped
             # torch.load reads the chunk's record straight into its tensor (one copy)
-            return load_torch_file(_FileRange(handle, info.offset, info.length), info.relative_path)
+            return load_torch_file(FileRange(handle, info.offset, info.length), info.relative_path)
 
     def read(self, key: str, offsets: tuple, shape: tuple) -> torch.Tensor:
         """The region of ``key`` at ``offsets`` of ``shape`` (the stored chunk itself, no copy,
