@@ -17,3 +17,17 @@ def loong_cache(tmp_path_factory):
     os.environ["LOONG_CACHE"] = path
     yield path
     os.environ.pop("LOONG_CACHE", None)
+
+
+@pytest.fixture(scope="session")
+def default_experiment_run(tmp_path_factory):
+    """``(cwd, run_dir)``: the README's ``loong train`` (the default experiment), 40 steps with
+    validation every 20, run in a fresh folder: one run shared by the default-experiment test and
+    the README tests (which resume a copy of it)."""
+    from loong_core.testing import run_train
+
+    cwd = tmp_path_factory.mktemp("default_experiment")
+    run_train(["trainer.train_iters=40", "trainer.eval_interval=20", "trainer.eval_iters=2",
+               "trainer.log_interval=1", "optim.lr_warmup_iters=5"], cwd=cwd)
+    (run_dir,) = (cwd / "runs" / "llama_shakespeare").iterdir()
+    return cwd, run_dir

@@ -7,10 +7,9 @@ import math
 from loong_core.testing import read_metrics, run_train
 
 
-def test_default_experiment_validation_loss_falls(tmp_path):
-    run_dir = tmp_path / "run"
-    run_train([f"trainer.run_dir={run_dir}", "trainer.train_iters=40", "trainer.eval_interval=20",
-               "trainer.eval_iters=2", "trainer.log_interval=20", "optim.lr_warmup_iters=5"])
+def test_default_experiment_validation_loss_falls(default_experiment_run):
+    # `loong train` for 40 steps, validation every 20 (the session's run, shared with the README tests)
+    _, run_dir = default_experiment_run
     valid = read_metrics(run_dir, "valid")
     assert [r["step"] for r in valid] == [0, 20, 40]  # the experiment evaluates before step 1
     # an untrained model is close to uniform guessing over 4096 tokens: ln(4096) = 8.3 nats

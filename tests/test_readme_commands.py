@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import shutil
 from pathlib import Path
 
 import pytest
@@ -78,12 +79,13 @@ def test_readme_inspection_commands_run(argv, capsys):
 
 
 @pytest.fixture(scope="module")
-def default_runs(tmp_path_factory):
-    """README's ``loong train`` then ``loong train trainer.resume=auto``, in a fresh folder."""
-    cwd = tmp_path_factory.mktemp("readme")
+def default_runs(default_experiment_run, tmp_path_factory):
+    """README's ``loong train`` (the session's 40-step run of the default experiment, copied into
+    a fresh folder) then ``loong train trainer.resume=auto`` for one more step there."""
     assert ["train"] in COMMANDS and ["train", "trainer.resume=auto"] in COMMANDS
-    run_train([*SMALL, "trainer.log_interval=1"], cwd=cwd)
-    run_train(["trainer.resume=auto", *SMALL, "trainer.train_iters=3", "trainer.log_interval=1",
+    cwd = tmp_path_factory.mktemp("readme") / "cwd"
+    shutil.copytree(default_experiment_run[0], cwd)
+    run_train(["trainer.resume=auto", *SMALL, "trainer.train_iters=41", "trainer.log_interval=1",
                "trainer.save_at_end=false"], cwd=cwd)
     (run_dir,) = (cwd / "runs" / "llama_shakespeare").iterdir()
     return cwd, run_dir
@@ -91,7 +93,7 @@ def default_runs(tmp_path_factory):
 
 def test_readme_default_run_and_resume_auto_continue_one_run(default_runs):
     _, run_dir = default_runs
-    assert [r["step"] for r in read_metrics(run_dir)] == [1, 2, 3]
+    assert [r["step"] for r in read_metrics(run_dir)] == list(range(1, 42))
 
 
 def test_readme_plot_command_draws_the_run(default_runs, capsys):
