@@ -25,11 +25,14 @@ _CHUNK = 16 << 20
 
 
 def crc32_of(path: Path) -> str:
-    """CRC-32 of a file's bytes as 8 hex digits."""
+    """CRC-32 of a file's bytes as 8 hex digits (read through one reused buffer: no new memory
+    per chunk, which on a VM costs more than the checksum)."""
     value = 0
-    with open(path, "rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            value = zlib.crc32(chunk, value)
+    buffer = bytearray(_CHUNK)
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as handle:
+        while got := handle.readinto(buffer):
+            value = zlib.crc32(view[:got], value)
     return f"{value:08x}"
 
 
