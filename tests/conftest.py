@@ -13,7 +13,9 @@ def loong_cache(tmp_path_factory):
     if os.environ.get("LOONG_CACHE"):
         yield os.environ["LOONG_CACHE"]
         return
-    path = str(tmp_path_factory.mktemp("loong_cache"))
+    from loong_core.testing import session_cache
+
+    path = session_cache(tmp_path_factory)  # the one the packages' tests use in this session
     os.environ["LOONG_CACHE"] = path
     yield path
     os.environ.pop("LOONG_CACHE", None)

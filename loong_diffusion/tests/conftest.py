@@ -10,7 +10,9 @@ import pytest
 @pytest.fixture(scope="session")
 def diffusion_cache(tmp_path_factory):
     """One prepared-data cache for the whole session."""
-    return os.environ.get("LOONG_TEST_CACHE") or str(tmp_path_factory.mktemp("cache"))
+    from loong_core.testing import session_cache
+
+    return session_cache(tmp_path_factory)  # shared with the other packages' tests
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -10,7 +10,9 @@ import pytest
 @pytest.fixture(scope="session", autouse=True)
 def loong_cache(tmp_path_factory):
     """Prepared corpora are cached once per session (subprocesses inherit the variable)."""
-    path = os.environ.get("LOONG_TEST_CACHE") or str(tmp_path_factory.mktemp("loong_cache"))
+    from loong_core.testing import session_cache
+
+    path = session_cache(tmp_path_factory)  # shared with the other packages' tests
     old = os.environ.get("LOONG_CACHE")
     os.environ["LOONG_CACHE"] = path
     yield path
@@ -35,6 +37,34 @@ TINY_OVERRIDES = [
 def tiny():
     """Overrides of a seconds-long Llama run that logs every step."""
     return list(TINY_OVERRIDES)
+
+
+@pytest.fixture(scope="session")
+def tiny_init(tiny, tmp_path_factory):
+    """A checkpoint of the tiny model after one step, the common starting weights of the tests
+    that compare layouts initialising weights differently (TP, EP, PP) or precisions."""
+    from loong_core.testing import run_train
+
+    run_dir = tmp_path_factory.mktemp("tiny_init") / "init"
+    run_train([*tiny, f"trainer.run_dir={run_dir}", "trainer.train_iters=1"])
+    return run_dir
+
+
+#: Steps of the one-rank curve ``tiny_curve`` (and of the layouts compared with it).
+CURVE_STEPS = 5
+
+
+@pytest.fixture(scope="session")
+def tiny_curve(tiny, tiny_init, tmp_path_factory):
+    """``(overrides, losses)``: the one-rank curve of 5 steps from ``tiny_init``, shared by the
+    parallel-equivalence and context-parallel tests (a layout adds its overrides and run_dir)."""
+    from loong_core.testing import losses, run_train
+
+    common = [*tiny, f"trainer.train_iters={CURVE_STEPS}",
+              f"trainer.init_from={tiny_init / 'checkpoints' / 'iter_0000001'}", "optim.lr_decay_iters=20"]
+    ref_dir = tmp_path_factory.mktemp("tiny_curve") / "ref"
+    run_train([*common, f"trainer.run_dir={ref_dir}"])
+    return common, losses(ref_dir)
 
 
 @pytest.fixture(scope="session")

@@ -6,13 +6,13 @@ import os
 
 import pytest
 
-from loong_core.testing import megatron_single_rank
+from loong_core.testing import megatron_single_rank, session_cache
 
 
 @pytest.fixture(scope="session", autouse=True)
 def loong_cache(tmp_path_factory):
     """Prepared data is cached once per session (subprocesses inherit the variable)."""
-    path = os.environ.get("LOONG_TEST_CACHE") or str(tmp_path_factory.mktemp("loong_cache"))
+    path = session_cache(tmp_path_factory)  # shared with the other packages' tests
     old = os.environ.get("LOONG_CACHE")
     os.environ["LOONG_CACHE"] = path
     yield path

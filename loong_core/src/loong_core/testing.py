@@ -55,6 +55,25 @@ def run_train(overrides: list[str], nproc: int = 1, env: dict | None = None, tim
     return proc
 
 
+_SESSION_CACHES: dict[str, str] = {}
+
+
+def session_cache(tmp_path_factory) -> str:
+    """The prepared-data cache of this test session, one for every package's tests (a corpus is
+    prepared once per session, not once per package): ``$LOONG_TEST_CACHE`` when set, else a
+    folder in the session's temporary directory, made by the first conftest that asks.
+
+    Args:
+        tmp_path_factory: pytest's session-scoped ``tmp_path_factory``.
+    """
+    if os.environ.get("LOONG_TEST_CACHE"):
+        return os.environ["LOONG_TEST_CACHE"]
+    session = str(tmp_path_factory.getbasetemp())
+    if session not in _SESSION_CACHES:
+        _SESSION_CACHES[session] = str(tmp_path_factory.mktemp("loong_cache"))
+    return _SESSION_CACHES[session]
+
+
 def read_metrics(run_dir: str | Path, split: str = "train") -> list[dict]:
     """Records of one split in ``run_dir/metrics.jsonl``."""
     path = Path(run_dir) / "metrics.jsonl"
