@@ -36,7 +36,7 @@ def test_config_rules_name_the_key_and_the_nearest_valid_value():
         check_sequence_chunks(_cfg(2, seq=196, cp=2))
     with pytest.raises(ConfigError, match="pipeline parallelism"):
         check_sequence_chunks(_cfg(2, pp=2))
-    with pytest.raises(ConfigError, match="overlap_grad_reduce=false"):
+    with pytest.raises(ConfigError, match="overlap_grad_reduce=true is not tested yet"):
         check_sequence_chunks(_cfg(2, overlap=True))
     with pytest.raises(ConfigError, match="megatron engine"):
         check_sequence_chunks(_cfg(2, engine="torch"))

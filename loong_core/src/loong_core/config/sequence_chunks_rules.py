@@ -43,9 +43,9 @@ def check_sequence_chunks(cfg: Any) -> None:
             f"(parallel.pipeline_model_parallel_size = {p.pipeline_model_parallel_size}: megatron-core's "
             "pipeline schedules move whole sequences); set one of them to 1.")
     if p.overlap_grad_reduce:
-        raise ConfigError(f"'parallel.sequence_chunks' = {k} does not work with "
-                          "parallel.overlap_grad_reduce=true (each chunk's backward would start the "
-                          "gradient reduce); set parallel.overlap_grad_reduce=false.")
+        raise ConfigError(f"'parallel.sequence_chunks' = {k} with parallel.overlap_grad_reduce=true "
+                          "is not tested yet (megatron-core's DDP sees every gradient once per chunk); "
+                          "set parallel.overlap_grad_reduce=false.")
     seq = cfg.data.seq_length
     multiple = chunk_multiple(p)
     if seq % (k * multiple) == 0:
