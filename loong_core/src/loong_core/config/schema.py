@@ -98,7 +98,7 @@ class ParallelConfig:
             earlier chunks), backward in reverse chunk order. Same loss and gradients; with full
             recompute, a recomputed layer's activations and the logits exist for one chunk at a
             time. ``data.seq_length`` a multiple of it (x 2 x CP under context parallelism);
-            not with pipeline parallelism (docs/long_context.md).
+            not with pipeline parallelism or ``overlap_grad_reduce`` (docs/long_context.md).
         ulysses_size: Torch engine only: Ulysses sequence parallelism (not Megatron's
             ``sequence_parallel``): the image / video tokens of every sample are sharded over this
             many ranks, which read the same batch, with an all-to-all between sequence and heads
