@@ -316,9 +316,19 @@ def model_overrides(model: dict, config_class) -> list[str]:
 
 
 # -- loong -> HF ---------------------------------------------------------------------------
-def _model_config_of(src: Path, record: dict) -> tuple[dict, dict | None, str | None, Path | None]:
-    """``(model config, HF config.json base, HF dtype, source HF files)`` of a checkpoint with
-    completion record ``record``."""
+def _model_config_of(src: Path, record: dict | None = None
+                     ) -> tuple[dict, dict | None, str | None, Path | None]:
+    """``(model config, HF config.json base, HF dtype, source HF files)`` of a checkpoint.
+
+    Args:
+        src: The checkpoint directory.
+        record: Its completion record, when the caller verifies the files itself; None: every
+            file's size and checksum is verified here first.
+    """
+    if record is None:
+        from loong_core.checkpoint import store
+
+        record = store.verify_checkpoint(src)
     if "model" in record:
         files = src / HF_FILES
         return (record["model"], record.get("hf_config"), record.get("hf_dtype"),
