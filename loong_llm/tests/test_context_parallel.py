@@ -36,10 +36,13 @@ def _reference(root, base: list[str], init: bool):
 
 
 @pytest.fixture(scope="module")
-def llama(tmp_path_factory, tiny):
-    root = tmp_path_factory.mktemp("cp_llama")
-    common, ref = _reference(root, list(tiny), init=True)
-    return common, ref, root
+def llama(tmp_path_factory, tiny_curve):
+    """The session's one-rank tiny curve from a saved initial checkpoint (what ``_reference``
+    with ``init=True`` runs), shared with the parallel-equivalence tests."""
+    common, ref = tiny_curve
+    assert f"trainer.train_iters={STEPS}" in common and all(o in common for o in LOGGING)
+    assert ref[STEPS] < ref[1]  # the model learns over these steps: a frozen one could not pass
+    return common, ref, tmp_path_factory.mktemp("cp_llama")
 
 
 @pytest.mark.multirank

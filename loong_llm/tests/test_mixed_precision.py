@@ -24,11 +24,11 @@ def _common(tiny, run_dir, *extra):
 
 
 @pytest.fixture(scope="module")
-def runs(tiny, tmp_path_factory):
-    """One initial checkpoint, then 10 steps from it in fp32 and in bf16 (checkpoints at 5 and 10)."""
+def runs(tiny, tiny_init, tmp_path_factory):
+    """One initial checkpoint (the session's ``tiny_init``), then 10 steps from it in fp32 and in
+    bf16 (checkpoints at 5 and 10)."""
     root = tmp_path_factory.mktemp("precision")
-    run_train([*tiny, "trainer.train_iters=1", f"trainer.run_dir={root / 'init'}"])
-    out = {"root": root, "init": root / "init"}
+    out = {"root": root, "init": tiny_init}
     for precision in ("fp32", "bf16"):
         out[precision] = root / precision
         run_train(_common(tiny, out[precision], f"trainer.init_from={out['init']}", "trainer.save_interval=5",

@@ -21,15 +21,12 @@ LAYOUTS = {
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory, tiny):
-    """Initial weights saved once, and the one-rank loss curve trained from them."""
-    root = tmp_path_factory.mktemp("parallel")
-    run_train([*tiny, f"trainer.run_dir={root / 'init'}", "trainer.train_iters=1"])
-    init = root / "init" / "checkpoints" / "iter_0000001"
-    ref_dir = root / "ref"
-    common = [*tiny, f"trainer.train_iters={STEPS}", f"trainer.init_from={init}", "optim.lr_decay_iters=20"]
-    run_train([*common, f"trainer.run_dir={ref_dir}"])
-    return common, losses(ref_dir), root
+def reference(tmp_path_factory, tiny_curve):
+    """Initial weights saved once, and the one-rank loss curve trained from them (the session's
+    ``tiny_curve``, shared with the context-parallel tests)."""
+    common, ref = tiny_curve
+    assert f"trainer.train_iters={STEPS}" in common
+    return common, ref, tmp_path_factory.mktemp("parallel")
 
 
 @pytest.mark.multirank

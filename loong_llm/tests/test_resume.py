@@ -37,10 +37,10 @@ def _common(tiny):
     return [*tiny, f"trainer.train_iters={STEPS}", "trainer.save_interval=4"]
 
 
-def test_resume_after_crash_reproduces_losses_bit_for_bit(tiny, tmp_path, crash_site):
-    full = tmp_path / "full"
-    run_train([*_common(tiny), f"trainer.run_dir={full}"])
-    reference = losses(full)
+def test_resume_after_crash_reproduces_losses_bit_for_bit(tiny, tmp_path, crash_site, reference_run):
+    # the uninterrupted run: the session's 8-step tiny run (saving every 2 steps, not 4, changes
+    # no loss: the crash-safety tests compare their resumed runs with it the same way)
+    reference = losses(reference_run)
 
     crashed = tmp_path / "crashed"
     proc = run_train([*_common(tiny), f"trainer.run_dir={crashed}"],
@@ -76,9 +76,8 @@ def test_tp2_checkpoint_loads_at_tp1_and_back(tiny, tmp_path):
     assert sorted(losses(back)) == [9, 10]
 
 
-def test_init_from_takes_a_run_directory_and_refuses_other_shapes(tiny, tmp_path):
-    source = tmp_path / "source"
-    run_train([*tiny, "trainer.train_iters=2", f"trainer.run_dir={source}"])
+def test_init_from_takes_a_run_directory_and_refuses_other_shapes(tiny, tmp_path, reference_run):
+    source = reference_run  # a run directory of the tiny model (read, not changed)
     fresh = tmp_path / "fresh"
     run_train([*tiny, "trainer.train_iters=1", f"trainer.run_dir={fresh}", f"trainer.init_from={source}"])
     assert sorted(losses(fresh)) == [1]
