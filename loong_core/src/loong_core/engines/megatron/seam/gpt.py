@@ -15,7 +15,6 @@ Multi-token prediction and inference keep megatron-core's own post-processing.
 from __future__ import annotations
 
 import torch
-import torch.utils.checkpoint
 from megatron.core import tensor_parallel
 from megatron.core.models.gpt import GPTModel
 
@@ -46,7 +45,9 @@ class SeamGPTModel(GPTModel):
             def post(hidden):
                 return self._seam_postprocess(hidden, input_ids, position_ids, labels, **kwargs)
 
-            return torch.utils.checkpoint.checkpoint(post, hidden_states, use_reentrant=False)
+            # Reentrant, as megatron-core's layer recompute: the forward re-runs on the real
+            # parameters (a saved-tensor checkpoint would hand the backward detached copies).
+            return tensor_parallel.checkpoint(post, False, hidden_states)
         return self._seam_postprocess(hidden_states, input_ids, position_ids, labels, **kwargs)
 
     def _seam_postprocess(self, hidden_states, input_ids, position_ids, labels, **kwargs):
