@@ -19,7 +19,7 @@ from megatron.core import tensor_parallel
 from megatron.core.models.gpt import GPTModel
 
 from loong_core import kernels
-from loong_core.engines.megatron.seam import chunked_attention
+from loong_core.engines.megatron.seam import chunked_attention, linear
 
 
 def _tp_group(model):
@@ -28,7 +28,12 @@ def _tp_group(model):
 
 
 class SeamGPTModel(GPTModel):
-    """A ``GPTModel`` (same constructor, state dict and outputs) whose loss is the seam's."""
+    """A ``GPTModel`` (same constructor, state dict and outputs) whose loss is the seam's and
+    whose parallel linear layers are the seam's (:func:`.linear.adopt`)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        linear.adopt(self)
 
     def compute_language_model_loss(self, labels, logits):
         if kernels.is_plain("cross_entropy"):

@@ -9,7 +9,7 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 
 from loong_core import kernels
-from loong_core.engines.megatron.seam import chunked_attention, context_parallel
+from loong_core.engines.megatron.seam import chunked_attention, context_parallel, swiglu
 from loong_core.errors import ConfigError
 from loong_core.kernels.segment_mask import SegmentMask, segment_mask
 
@@ -36,13 +36,16 @@ class SeamRMSNorm(torch.nn.Module):
 
 class SeamSwiGLU(torch.nn.Module):
     """The gated MLP activation (``silu(gate) * up`` of fc1's ``[gate; up]``) through
-    ``kernels.get("swiglu")``; megatron-core's ``MLP`` calls it on the whole fc1 output when
+    ``kernels.get("swiglu")`` (the plain ``torch`` backend: :mod:`.swiglu`, megatron-core's
+    own math); megatron-core's ``MLP`` calls it on the whole fc1 output when
     ``config.use_te_activation_func`` is set (see :func:`..spec.transformer_kwargs`)."""
 
     def __init__(self, config=None):
         super().__init__()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if kernels.is_plain("swiglu"):
+            return swiglu.apply(x)
         return kernels.get("swiglu")(x)
 
     def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata=None) -> dict:

@@ -19,7 +19,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
 from loong_core import kernels
-from loong_core.engines.megatron.seam import rope
+from loong_core.engines.megatron.seam import rope, swiglu
 from loong_core.engines.megatron.seam.modules import SeamCoreAttention, SeamRMSNorm, SeamSwiGLU
 
 logger = logging.getLogger(__name__)
@@ -31,9 +31,10 @@ CORE_ATTENTION = {DotProductAttention}
 class LoongSpecProvider(LocalSpecProvider):
     """megatron-core's local modules, with the kernel seam's wherever an op is not plain.
 
-    Core attention is always the seam's (``kernels.attention``); norms and the SwiGLU activation
-    are the seam's when ``kernels.rms_norm`` / ``kernels.swiglu`` resolve to a backend other
-    than ``torch`` (the plain path keeps megatron-core's own modules bit for bit).
+    Core attention is always the seam's (``kernels.attention``); norms are the seam's when
+    ``kernels.rms_norm`` resolves to a backend other than ``torch`` (the plain path keeps
+    megatron-core's own norm); the SwiGLU activation is always the seam's (with ``torch``:
+    :mod:`.swiglu`, megatron-core's math bit for bit with one copy fewer per layer).
     """
 
     def layer_norm(self, rms_norm: bool = False, for_qk: bool = False) -> type:
@@ -45,22 +46,24 @@ class LoongSpecProvider(LocalSpecProvider):
         return SeamCoreAttention
 
     def activation_func(self) -> type | None:
-        return None if kernels.is_plain("swiglu") else SeamSwiGLU
+        return SeamSwiGLU
 
 
 def swiglu_active(config) -> bool:
-    """The seam's SwiGLU module runs for this config (gated silu MLP, ``kernels.swiglu`` not
-    plain)."""
+    """The seam's SwiGLU module runs for this config: a gated silu MLP (with the plain
+    ``kernels.swiglu``: one :mod:`.swiglu` reproduces, no clamp or linear offset)."""
     import torch
 
-    return (bool(config.gated_linear_unit) and config.activation_func is torch.nn.functional.silu
-            and not kernels.is_plain("swiglu"))
+    gated_silu = (bool(config.gated_linear_unit)
+                  and config.activation_func is torch.nn.functional.silu)
+    return gated_silu and (not kernels.is_plain("swiglu") or swiglu.covers(config))
 
 
 def transformer_kwargs(gated_silu: bool = True) -> dict:
     """``TransformerConfig`` fields that go with :func:`apply` (``use_te_activation_func`` makes
-    megatron-core's MLP call the activation module on the whole fc1 output)."""
-    return {"use_te_activation_func": gated_silu and not kernels.is_plain("swiglu")}
+    megatron-core's MLP call the activation module, :class:`SeamSwiGLU`, on the whole fc1
+    output)."""
+    return {"use_te_activation_func": gated_silu}
 
 
 def apply(spec, config=None, vp_stage: int | None = None):
