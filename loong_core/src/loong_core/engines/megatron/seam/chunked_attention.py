@@ -116,6 +116,11 @@ class ChunkState:
             return None, None
         return self.segment_ids[:, start:end], self.segment_ids[:, :keys_end]
 
+    def ids_up_to(self, keys_end: int):
+        """The segment ids ``[b, keys_end]`` of the first ``keys_end`` positions (None without
+        packed documents)."""
+        return None if self.segment_ids is None else self.segment_ids[:, :keys_end]
+
     def release(self, chunk: int) -> None:
         """Drop the K/V of ``chunk`` (its backward is done: no later use)."""
         for slot in [s for s in self._kv if s[1] == chunk]:
@@ -147,19 +152,11 @@ def attention(layer, query, key, value, *, cp_group=None, scale=None, dropout_p:
         q_ids, k_ids = state.ids(sk - sq, sk, sk)
         return op(q, k, v, causal=True, segment_ids=q_ids, kv_segment_ids=k_ids, scale=scale,
                   dropout_p=dropout_p).permute(2, 0, 1, 3)
-    from loong_core.engines.megatron.seam.context_parallel import gather_sequence, local_chunks
+    from loong_core.engines.megatron.seam.context_parallel import attend_local_pieces, gather_sequence
 
-    size, rank = cp_group.size(), cp_group.rank()
     key, value = state.keys_values(layer, gather_sequence(key, cp_group),
                                    gather_sequence(value, cp_group))
     k, v = (t.permute(1, 2, 0, 3) for t in (key, value))  # [b, ng, prefix + chunk, hn]
-    piece = query.shape[0] // 2
-    prefix = k.shape[2] - 2 * size * piece  # keys of the earlier global chunks
-    outs = []
-    for half, index in enumerate(local_chunks(size, rank)):
-        end = prefix + (index + 1) * piece
-        q_ids, k_ids = state.ids(end - piece, end, end)
-        outs.append(op(q[:, :, half * piece:(half + 1) * piece], k[:, :, :end], v[:, :, :end],
-                       causal=True, segment_ids=q_ids, kv_segment_ids=k_ids, scale=scale,
-                       dropout_p=dropout_p))
-    return torch.cat(outs, dim=2).permute(2, 0, 1, 3)
+    out = attend_local_pieces(q, k, v, cp_group, causal=True, segment_ids=state.ids_up_to(k.shape[2]),
+                              scale=scale, dropout_p=dropout_p)
+    return out.permute(2, 0, 1, 3)

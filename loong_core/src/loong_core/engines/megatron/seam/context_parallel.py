@@ -75,7 +75,7 @@ def attention(query, key, value, group, *, causal: bool, segment_ids=None, scale
     Raises:
         ValueError: ``segment_ids`` that do not cover the whole sequence.
     """
-    size, rank = group.size(), group.rank()
+    size = group.size()
     chunk = query.shape[0] // 2
     if segment_ids is not None:
         if segment_ids.shape[-1] != 2 * size * chunk:
@@ -85,17 +85,44 @@ def attention(query, key, value, group, *, causal: bool, segment_ids=None, scale
         segment_ids = segment_ids.expand(query.shape[1], -1)
     full_k = gather_sequence(key, group).permute(1, 2, 0, 3)  # [b, ng, S, hn]
     full_v = gather_sequence(value, group).permute(1, 2, 0, 3)
-    q = query.permute(1, 2, 0, 3)  # [b, np, 2c, hn]
+    out = attend_local_pieces(query.permute(1, 2, 0, 3), full_k, full_v, group, causal=causal,
+                              segment_ids=segment_ids, scale=scale, dropout_p=dropout_p)
+    return out.permute(2, 0, 1, 3)  # [2c, b, np, hv]
+
+
+def attend_local_pieces(q, keys, values, group, *, causal: bool, segment_ids=None, scale=None,
+                        dropout_p: float = 0.0) -> torch.Tensor:
+    """This rank's two load-balanced query pieces against keys and values in sequence order.
+
+    The keys may start with a ``prefix`` of positions before the pieces' sequence (the earlier
+    chunks of ``parallel.sequence_chunks``, all visible): ``prefix = sk - 2 N c``. Piece ``i``
+    (global chunk index ``g``) sits at positions ``prefix + [g c, (g + 1) c)``; causal, it sees
+    the keys up to its own end (bottom-right causal), else all of them.
+
+    Args:
+        q: ``[b, np, 2c, hn]``, this rank's two pieces.
+        keys: ``[b, ng, sk, hn]``; values: ``[b, ng, sk, hv]`` (sequence order).
+        group: The context-parallel process group.
+        causal: Causal attention.
+        segment_ids: None, or the ids ``[b, sk]`` of every key position (packed documents).
+        scale: Softmax scale.
+        dropout_p: Attention dropout.
+
+    Returns:
+        ``[b, np, 2c, hv]``.
+    """
+    size, rank = group.size(), group.rank()
+    piece = q.shape[2] // 2
+    prefix = keys.shape[2] - 2 * size * piece
     op = kernels.get("attention")
     outs = []
     for half, global_chunk in enumerate(local_chunks(size, rank)):
-        q_half = q[:, :, half * chunk:(half + 1) * chunk]
-        # A causal chunk sees the keys up to its own end (bottom-right causal).
-        end = (global_chunk + 1) * chunk if causal else None
-        k_half, v_half = full_k[:, :, :end], full_v[:, :, :end]
+        start = prefix + global_chunk * piece
+        end = start + piece if causal else keys.shape[2]
         ids = {}
         if segment_ids is not None:
-            ids = {"segment_ids": segment_ids[:, global_chunk * chunk:(global_chunk + 1) * chunk],
+            ids = {"segment_ids": segment_ids[:, start:start + piece],
                    "kv_segment_ids": segment_ids[:, :end]}
-        outs.append(op(q_half, k_half, v_half, causal=causal, scale=scale, dropout_p=dropout_p, **ids))
-    return torch.cat(outs, dim=2).permute(2, 0, 1, 3)  # [2c, b, np, hv]
+        outs.append(op(q[:, :, half * piece:(half + 1) * piece], keys[:, :, :end], values[:, :, :end],
+                       causal=causal, scale=scale, dropout_p=dropout_p, **ids))
+    return torch.cat(outs, dim=2)
