@@ -29,6 +29,8 @@ def test_experiment_composes_into_typed_config(toy_site):
     ("model.dropout=high", ["'model.dropout' = 'high'", "float | null"]),
     ("device=cdua", ["Unknown option 'cdua' for config group 'device'", "Did you mean 'cuda'?"]),
     ("trainer.global_batch_size=6", ["divisible by 'trainer.micro_batch_size'", "global_batch_size=4 or 8"]),
+    ("parallel.recompute_granularity=full", ["needs parallel.recompute_method and parallel.recompute_num_layers",
+                                             "parallel.recompute_method=uniform parallel.recompute_num_layers=1"]),
 ])
 def test_bad_value_gives_one_clear_error(toy_site, override, expected):
     with pytest.raises(ConfigError) as excinfo:
@@ -66,3 +68,10 @@ def test_run_and_cache_folders_must_be_writable(toy_site, tmp_path, key, purpose
     cfg = load_config(["experiment=toy", f"{key}={blocker / 'sub'}"])  # reading a run: fine
     with pytest.raises(ConfigError, match=rf"'{key}' = .*a_file is a file, so the {purpose} folder cannot be created"):
         check_writable_paths(cfg)
+
+
+def test_recompute_keys_that_do_not_fit_the_granularity_are_named(toy_site):
+    with pytest.raises(ConfigError, match="needs parallel.recompute_num_layers"):
+        load_config(["experiment=toy", "parallel.recompute_granularity=full", "parallel.recompute_method=block"])
+    with pytest.raises(ConfigError, match="'parallel.recompute_num_layers' applies only with recompute_gran"):
+        load_config(["experiment=toy", "parallel.recompute_granularity=selective", "parallel.recompute_num_layers=1"])

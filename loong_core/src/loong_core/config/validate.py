@@ -194,6 +194,15 @@ def _check_consistency(cfg: LoongConfig, registry: Registry) -> None:
             "set parallel.virtual_pipeline_model_parallel_size=null or raise the pipeline size.")
     if p.recompute_method and p.recompute_granularity != "full":
         raise ConfigError("'parallel.recompute_method' applies only with recompute_granularity=full.")
+    if p.recompute_granularity == "full" and (p.recompute_method is None or p.recompute_num_layers is None):
+        missing = [k for k in ("recompute_method", "recompute_num_layers") if getattr(p, k) is None]
+        raise ConfigError(
+            f"parallel.recompute_granularity=full needs {' and '.join('parallel.' + k for k in missing)} "
+            "(which layers to recompute): e.g. parallel.recompute_method=uniform "
+            "parallel.recompute_num_layers=1 (every layer its own recompute unit).")
+    if p.recompute_granularity == "selective" and p.recompute_num_layers is not None:
+        raise ConfigError("'parallel.recompute_num_layers' applies only with recompute_granularity=full "
+                          "(selective recompute picks modules, not layers); set it to null.")
     if cfg.device.name != "auto" and not registry.has("device", cfg.device.name):
         try:
             registry.get("device", cfg.device.name, "device.name")
