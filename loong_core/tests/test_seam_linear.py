@@ -39,7 +39,8 @@ def _model(tied: bool):
                                 position_embedding_type="rope")
 
 
-def _grads(tied: bool, overlap: bool, seam: bool, monkeypatch) -> dict[str, torch.Tensor]:
+def _grads(tied: bool, overlap: bool, seam: bool, monkeypatch,
+           checkpoint: bool = False) -> dict[str, torch.Tensor]:
     """``main_grad`` of every parameter after two micro-batches and the gradient sync."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
@@ -53,7 +54,12 @@ def _grads(tied: bool, overlap: bool, seam: bool, monkeypatch) -> dict[str, torc
     ddp.zero_grad_buffer()
     for _ in range(2):  # the second micro-batch accumulates onto a non-zero main_grad
         tokens = torch.randint(0, VOCAB, (BATCH, SEQ), generator=generator)
-        ddp(tokens, positions, None, labels=tokens).sum().backward()
+        if checkpoint:  # torch's non-reentrant checkpoint: saved tensors come back through hooks
+            loss = torch.utils.checkpoint.checkpoint(
+                lambda t: ddp(t, positions, None, labels=t).sum(), tokens, use_reentrant=False)
+        else:
+            loss = ddp(tokens, positions, None, labels=tokens).sum()
+        loss.backward()
     ddp.finish_grad_sync()
     monkeypatch.undo()
     for name, param in model.named_parameters():
@@ -88,3 +94,11 @@ def test_only_the_calls_it_serves_are_taken():
     bf16 = torch.nn.Parameter(torch.zeros(4, 3, dtype=torch.bfloat16))
     bf16.main_grad, bf16.grad_added_to_main_grad = torch.zeros(4, 3), False
     assert not linear.covers(bf16, False, False, None)  # mixed precision: megatron-core's path
+
+
+def test_main_grad_under_torchs_non_reentrant_checkpoint(mcore, monkeypatch):
+    """The function keeps the parameter itself (saved-tensor hooks would lose ``main_grad``)."""
+    new = _grads(False, False, seam=True, monkeypatch=monkeypatch, checkpoint=True)
+    ref = _grads(False, False, seam=False, monkeypatch=monkeypatch)
+    for name in ref:
+        assert torch.equal(new[name], ref[name]), name

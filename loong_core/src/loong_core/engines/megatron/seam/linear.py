@@ -69,7 +69,10 @@ class MainGradLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, input, weight, bias, allreduce_dgrad: bool, tp_group):
-        ctx.save_for_backward(input, weight)
+        ctx.save_for_backward(input)
+        # The parameter itself, not a saved tensor: saved-tensor hooks (torch's non-reentrant
+        # checkpoint, offloading) hand back a tensor without ``main_grad``.
+        ctx.weight = weight
         ctx.use_bias = bias is not None
         ctx.allreduce_dgrad = allreduce_dgrad
         ctx.tp_group = tp_group
@@ -80,7 +83,8 @@ class MainGradLinear(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        input, weight = ctx.saved_tensors
+        (input,) = ctx.saved_tensors
+        weight = ctx.weight
         grad_input = grad_output.matmul(weight)
         handle = None
         if ctx.allreduce_dgrad:
