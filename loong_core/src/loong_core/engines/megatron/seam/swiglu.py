@@ -6,8 +6,9 @@ autograd joins the two halves' gradients with ``cat`` (a copy of the whole ``[to
 gradient per layer). :class:`GatedSiLU` computes the same products with the same kernels
 (forward and gradients bit-identical to megatron-core's, in fp32 and bf16, tested; only an
 ``up`` of exactly ``-0.0``, which megatron-core's ``+ 0.0`` turns into ``+0.0``, can give a zero
-of the other sign) and writes the two gradients straight into their halves of one buffer. On the default CPU experiment that removes about
-1-2% of a step. Used by :class:`~.modules.SeamSwiGLU` while ``kernels.swiglu`` is ``torch``.
+of the other sign) and writes the two gradients straight into their halves of one buffer. On the
+default CPU experiment that removes about 1-2% of a step. Used by :class:`~.modules.SeamSwiGLU`
+while ``kernels.swiglu`` is ``torch``.
 """
 
 from __future__ import annotations
