@@ -1,6 +1,7 @@
 """Context parallelism with loong's own attention follows the one-rank loss curve (same weights,
-same data): CP2 and CP2 x TP2 with the distributed optimizer (llama), CP2 with expert parallelism
-(qwen3_moe), CP2 with MLA (deepseek_v3); a CP2 checkpoint resumes at CP1; a sequence length that
+same data): CP2 and CP2 x TP2 with the distributed optimizer (llama), CP2 x TP2 (SP) with expert
+parallelism and the load-balancing loss (qwen3_moe), CP2 x TP2 (SP) with MLA (deepseek_v3); a CP2
+checkpoint resumes at CP1; a sequence length that
 does not split into 2 x CP chunks is a ConfigError."""
 
 from __future__ import annotations
@@ -71,18 +72,21 @@ def test_llama_cp2_tp2_with_distributed_optimizer(llama):
 
 
 @pytest.mark.multirank
-def test_moe_cp2_with_expert_parallel(tmp_path):
+def test_moe_cp2_tp2_with_expert_parallel(tmp_path):
+    # The router's tokens are split over CP and TP (SP): the load-balancing loss's gradient must
+    # still be the one-rank one (without the provider's correction it drifted 7e-5 in 5 steps).
     common, ref = _reference(tmp_path, ["experiment=qwen3_moe_debug"], init=True)
-    _run_cp([*common, CP2, "parallel.expert_model_parallel_size=2",
-             f"trainer.run_dir={tmp_path / 'cp2_ep2'}"], 2, "CP=2 EP=2 DP=1")
-    assert_loss_curve(losses(tmp_path / "cp2_ep2"), ref, range(1, STEPS + 1), "qwen3_moe cp2 x ep2")
+    _run_cp([*common, "parallel=tp2", CP2, "parallel.expert_model_parallel_size=2",
+             f"trainer.run_dir={tmp_path / 'cp2_tp2_ep2'}"], 4, "TP=2 PP=1 VPP=1 CP=2 EP=2 DP=1 SP=True")
+    assert_loss_curve(losses(tmp_path / "cp2_tp2_ep2"), ref, range(1, STEPS + 1), "qwen3_moe cp2 x tp2 x ep2")
 
 
 @pytest.mark.multirank
-def test_mla_cp2(tmp_path):
-    common, ref = _reference(tmp_path, ["experiment=deepseek_v3_debug"], init=False)
-    _run_cp([*common, CP2, f"trainer.run_dir={tmp_path / 'cp2'}"], 2, "CP=2 EP=1 DP=1")
-    assert_loss_curve(losses(tmp_path / "cp2"), ref, range(1, STEPS + 1), "deepseek_v3 (MLA) cp2")
+def test_mla_cp2_tp2(tmp_path):
+    common, ref = _reference(tmp_path, ["experiment=deepseek_v3_debug"], init=True)
+    _run_cp([*common, "parallel=tp2", CP2, f"trainer.run_dir={tmp_path / 'cp2_tp2'}"], 4,
+            "TP=2 PP=1 VPP=1 CP=2 EP=1 DP=1 SP=True")
+    assert_loss_curve(losses(tmp_path / "cp2_tp2"), ref, range(1, STEPS + 1), "deepseek_v3 (MLA) cp2 x tp2")
 
 
 def test_seq_length_that_does_not_split_is_a_config_error(tiny, tmp_path):

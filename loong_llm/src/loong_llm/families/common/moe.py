@@ -88,14 +88,17 @@ class MoEProvider(DecoderProvider):
 
     def megatron_config(self, parallel_kwargs: dict):
         config = super().megatron_config(parallel_kwargs)
-        cp = config.context_parallel_size
-        if cp > 1 and config.moe_router_load_balancing_type == "aux_loss" and config.moe_aux_loss_coeff:
+        # Ranks the router's tokens are split over: CP, and TP with sequence parallelism.
+        split = config.context_parallel_size * (
+            config.tensor_model_parallel_size if config.sequence_parallel else 1)
+        if split > 1 and config.moe_router_load_balancing_type == "aux_loss" and config.moe_aux_loss_coeff:
             # With calculate_per_token_loss megatron-core scales each rank's share of the
-            # load-balancing loss by that rank's token count, which under context parallelism is
-            # 1/CP of the sequence: its gradient would be 1/CP of the one-rank run's (measured:
-            # CP2 x EP2 drifted 7e-5 from one rank in 5 steps, 4e-7 without the aux loss). The
-            # coefficient compensates; the logged loss is divided by it, so it does not change.
-            config.moe_aux_loss_coeff = config.moe_aux_loss_coeff * cp
+            # load-balancing loss by that rank's token count, which under context parallelism
+            # (and TP with sequence parallelism) is 1/split of the sequence: its gradient would be
+            # 1/split of the one-rank run's (measured: CP2 x EP2 and TP2 (SP) each drifted 7e-5
+            # from one rank in 5 steps, 4e-7 without the aux loss). The coefficient compensates;
+            # the logged loss is divided by it, so it does not change.
+            config.moe_aux_loss_coeff = config.moe_aux_loss_coeff * split
         if self.sequence_chunks > 1 and config.moe_aux_loss_coeff:
             # The router sees one chunk at a time, so the load-balancing loss is the sum of the
             # chunks' own (token statistics of a chunk, not of the sequence): a slightly different
