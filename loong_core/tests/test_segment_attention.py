@@ -9,11 +9,11 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from loong_core.kernels import attention as attn
 from loong_core.kernels import reference as ref
 from loong_core.kernels import varlen
+from loong_core.testing import largest_tensor_seen
 
 
 def _ids(*lengths: int) -> torch.Tensor:
@@ -83,21 +83,6 @@ def test_blocks_of_a_cp_chunk():
     assert varlen.plan(torch.tensor([[0, 1, 0]]), torch.tensor([[0, 1, 0]]), True) is None
 
 
-class _LargestTensor(TorchDispatchMode):
-    """Records the largest tensor any aten op returns (forward and backward)."""
-
-    def __init__(self):
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.numel())
-        return out
-
-
 def test_sdpa_cpu_path_allocates_no_query_by_key_tensor(monkeypatch):
     def no_mask(*args, **kwargs):
         raise AssertionError("a dense [sq, sk] mask was built")
@@ -107,11 +92,11 @@ def test_sdpa_cpu_path_allocates_no_query_by_key_tensor(monkeypatch):
     sq, sk = 1024, 4096  # q / k / v hold 32k-64k values, a [sq, sk] tensor 4M
     k_ids = torch.stack([_ids(1000, 2000, 1096), _ids(3500, 596)])
     q, k, v = _qkv(2, sq, sk, torch.float32, heads=2, groups=1)
-    with _LargestTensor() as seen:
+    with largest_tensor_seen() as seen:
         out = attn.sdpa(q, k, v, causal=True, segment_ids=k_ids[:, -sq:], kv_segment_ids=k_ids)
         out.sum().backward()
     assert k.grad.shape == k.shape
-    assert seen.largest < sq * sk // 16, seen.largest
+    assert seen.numel < sq * sk // 16, seen.numel
 
 
 def test_flex_block_mask_takes_key_segment_ids():

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from loong_core.kernels import reference
+from loong_core.testing import largest_tensor_seen
 from loong_kernels import tiled_linear_ce
 from loong_kernels.chunked import tiles as torch_tiles
 from loong_kernels.chunked.linear_cross_entropy import linear_cross_entropy as chunked_lce
@@ -67,21 +67,6 @@ def test_linear_cross_entropy_tied_embedding_gradient(tiles):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
-class _LargestTensor(TorchDispatchMode):
-    """Records the element count of the largest tensor any op creates."""
-
-    def __init__(self):
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.numel())
-        return out
-
-
 def test_linear_cross_entropy_never_makes_the_full_logits():
     """Every tensor the tiled loss creates, forward and backward, is at most a gradient or a tile.
 
@@ -91,10 +76,10 @@ def test_linear_cross_entropy_never_makes_the_full_logits():
     hidden = torch.randn(n, h, requires_grad=True)
     weight = torch.randn(v, h, requires_grad=True)
     labels = torch.randint(0, v, (n,))
-    with _LargestTensor() as mode:
+    with largest_tensor_seen() as seen:
         tiled_linear_ce.linear_cross_entropy(hidden, weight, labels, 0.1, None, torch_tiles, 16, 32).sum().backward()
     # the largest: the weight gradient (v x h = 1600); a tile is 16 x 32 = 512; the logits 12800
-    assert mode.largest == v * h
-    with _LargestTensor() as mode:
+    assert seen.numel == v * h
+    with largest_tensor_seen() as seen:
         reference.linear_cross_entropy(hidden, weight, labels, 0.1).sum().backward()
-    assert mode.largest == n * v
+    assert seen.numel == n * v

@@ -11,6 +11,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -215,3 +216,48 @@ def megatron_single_rank(seed: int = 1234) -> Iterator[None]:
         ps.destroy_model_parallel()
         if created:
             dist.destroy_process_group()
+
+
+@dataclass
+class LargestTensor:
+    """What :func:`largest_tensor_seen` recorded.
+
+    Attributes:
+        numel: Element count of the largest tensor an op returned (0 before any op ran).
+    """
+
+    numel: int = 0
+
+
+@contextmanager
+def largest_tensor_seen() -> Iterator[LargestTensor]:
+    """Record the largest tensor any aten op returns inside the block, forward and backward: a
+    test that a computation never materializes a tensor of some size (the full logits, an
+    ``[sq, sk]`` mask) asserts on ``numel`` afterwards.
+
+    Runs the ops under a ``TorchDispatchMode``, so it sees every op on this thread, including
+    the autograd backward of CPU tensors.
+
+    Example:
+        >>> with largest_tensor_seen() as seen:
+        ...     loss(hidden, weight).sum().backward()
+        >>> assert seen.numel < n * vocab
+
+    Yields:
+        The record, updated as ops run.
+    """
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen = LargestTensor()
+
+    class _Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor):
+                    seen.numel = max(seen.numel, t.numel())
+            return out
+
+    with _Record():
+        yield seen
