@@ -12,9 +12,10 @@ model), then times
 
 Each row is a fresh process; peak memory is its maximum resident set size (``/usr/bin/time``-style
 ``ru_maxrss`` of the child). Throughput is the HF checkpoint's size divided by the time, the same
-measure for all three rows, twice: over the process's wall time (with Python start-up and imports:
-torch for the plain row, torch + megatron-core + the plugins for ``loong convert``), and over the
-work alone (the time each command reports for its conversion, the plain row's load + save).
+measure for all three rows, twice: over the process's wall time (with Python start-up, imports
+and interpreter exit: torch for the plain row, torch + megatron-core + the plugins for ``loong
+convert``), and over the work alone (the time each command reports for its conversion, the plain
+row's load + save; imports are outside it in every row).
 
 The rows run interleaved for ``--rounds`` rounds (default 3) and the table shows each column's
 median, so a busy moment of a shared machine weighs on every row alike. Before each row the page
@@ -150,7 +151,7 @@ def main() -> None:
                             f"{args.tied})"], check=True)
         size = json.loads((src / "model.safetensors.index.json").read_text())["metadata"]["total_size"]
         gb = size / 1e9
-        plain = (here + f"import convert, time; t = time.perf_counter(); "
+        plain = (here + f"import convert, time, safetensors.torch; t = time.perf_counter(); "
                  f"convert.plain_copy(Path({str(src)!r}), Path({str(work / 'plain')!r})); "
                  f"print(f' in {{time.perf_counter() - t:.2f}}s')")
         loong = [sys.executable, "-m", "loong_core.cli.main", "convert"]

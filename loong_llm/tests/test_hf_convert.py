@@ -214,3 +214,15 @@ def test_shard_writer_streams_planned_shards_with_an_index(tmp_path):
     for name, tensor in tensors.items():
         assert read[name].dtype == tensor.dtype and torch.equal(read[name], tensor), name
         assert torch.equal(reader.get(name), tensor) and reader.get_size(name) == tensor.nbytes
+
+
+def test_the_cli_process_prints_everything_before_it_ends(tmp_path):
+    """``loong convert`` skips the interpreter's teardown after success; piped output is
+    block-buffered, and what it printed and logged still arrives."""
+    src = write_hf_model("llama", tmp_path / "hf")
+    out = subprocess.run([sys.executable, "-m", "loong_core.cli.main", "convert", "hf-to-loong",
+                          "--family", "llama", str(src), str(tmp_path / "ckpt")],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.splitlines()[-1].startswith("train from it: loong train ")
+    assert "streamed" in out.stderr  # the log line, flushed

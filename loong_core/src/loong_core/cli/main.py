@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import logging
+import os
 import sys
 
 from loong_core import __version__
@@ -58,15 +60,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; returns the process exit code."""
+def _run(argv: list[str] | None) -> tuple[int, argparse.Namespace | None]:
+    """Parse and run; ``(exit code, parsed arguments or None)``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         parser = build_parser()
         args, extra = parser.parse_known_args(argv)
     except LoongError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return 2, None
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -76,18 +78,42 @@ def main(argv: list[str] | None = None) -> int:
         quiet_third_party()
     if not getattr(args, "func", None):
         parser.print_help()
-        return 0
+        return 0, args
     if extra and not getattr(args, "accepts_overrides", False):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
-        return int(args.func(args, extra) or 0)
+        return int(args.func(args, extra) or 0), args
     except LoongError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return 2, args
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return 130
+        return 130, args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; returns the process exit code."""
+    return _run(argv)[0]
+
+
+def entry() -> None:
+    """The ``loong`` executable: :func:`main`, then the process ends.
+
+    A command that sets ``exit_without_teardown`` (a parser default; ``loong convert``, whose
+    files are complete and closed when it returns) skips the interpreter's teardown once it has
+    succeeded: with megatron-core and dynamo imported, tearing down the modules takes about a
+    second, longer than some conversions. The exit handlers that libraries registered run first
+    (worker processes are joined, log handlers flushed), then stdout and stderr are flushed; a
+    failing command exits the ordinary way.
+    """
+    code, args = _run(None)
+    if code == 0 and getattr(args, "exit_without_teardown", False):
+        atexit._run_exitfuncs()  # what libraries registered (worker processes joined, logs shut)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+    sys.exit(code)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -30,14 +30,14 @@ def add_parser(subparsers) -> None:
                           help="weights only (the default; kept for scripts)")
     to_loong.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                           help="optim.* / trainer.* settings of the stored LR schedule")
-    to_loong.set_defaults(func=run_hf_to_loong, accepts_overrides=True)
+    to_loong.set_defaults(func=run_hf_to_loong, accepts_overrides=True, exit_without_teardown=True)
     to_hf = sub.add_parser(
         "loong-to-hf", help="loong checkpoint -> HF directory loadable by AutoModelForCausalLM")
     to_hf.add_argument("src", metavar="SRC")
     to_hf.add_argument("dst", metavar="DST_HF_DIR")
     to_hf.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
                        help="storage dtype (default: the source HF model's, else bfloat16)")
-    to_hf.set_defaults(func=run_loong_to_hf)
+    to_hf.set_defaults(func=run_loong_to_hf, exit_without_teardown=True)
 
 
 def _check_family(family: str) -> None:

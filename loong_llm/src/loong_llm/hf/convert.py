@@ -75,10 +75,11 @@ def _copy_extra_files(src: Path, dst: Path) -> None:
 
 
 def _import_libraries() -> None:
-    """Import megatron-core and the engine (seconds of start-up, not of conversion)."""
-    import megatron.core.dist_checkpointing  # noqa: F401
+    """Import megatron-core and the engine (seconds of start-up, not of conversion), without
+    setting up ``torch.compile`` for megatron-core's fused helpers (a conversion runs none)."""
+    from loong_core.engines.megatron.deferred_compile import import_megatron_core
 
-    import loong_core.engines.megatron.engine  # noqa: F401
+    import_megatron_core("megatron.core.dist_checkpointing", "loong_core.engines.megatron.engine")
 
 
 # -- HF -> loong ---------------------------------------------------------------------------

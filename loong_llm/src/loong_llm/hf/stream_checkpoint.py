@@ -33,14 +33,25 @@ _SKIP = ("_extra_state", "local_tokens_per_expert")
 
 def build_meta_model(provider, parallel_config, dtype: torch.dtype):
     """The provider's model chunk of this rank on the meta device (no memory), parameters in
-    ``dtype``. Needs ``parallel.initialize`` first."""
+    ``dtype``. Needs ``parallel.initialize`` first; one rank only (tensor, pipeline and expert
+    parallel sizes 1).
+
+    Nothing is initialised: a meta tensor holds no values, and megatron-core's initialisation
+    on the meta device runs torch's Python reference ops, whose first call imports dynamo (about
+    0.8 s of a 4 s conversion). What megatron-core sets only while initialising is the
+    parameters' TP attributes, which a single rank does not need (every part is whole).
+    """
     from megatron.core import parallel_state as ps
 
     from loong_core.engines.megatron import parallel
 
+    sizes = (parallel_config.tensor_model_parallel_size, parallel_config.pipeline_model_parallel_size,
+             parallel_config.expert_model_parallel_size)
+    if sizes != (1, 1, 1):
+        raise ValueError(f"build_meta_model builds one rank's whole model, not TP/PP/EP {sizes}")
     mcfg = provider.megatron_config(parallel.transformer_kwargs(parallel_config))
-    mcfg.params_dtype = dtype  # initialising on the meta device costs nothing (and marks the
-    # parameters' TP attributes, which megatron-core sets only while initialising)
+    mcfg.params_dtype = dtype
+    mcfg.perform_initialization = False
     with torch.device("meta"):
         chunk = provider.build_megatron_model(mcfg, ps.is_pipeline_first_stage(),
                                               ps.is_pipeline_last_stage(), None)

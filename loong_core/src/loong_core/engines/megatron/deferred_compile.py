@@ -1,0 +1,65 @@
+"""Import megatron-core without paying for ``torch.compile`` at import time.
+
+megatron-core decorates a dozen fused helpers (``fused_bias_geglu``, ``fused_bias_swiglu``, ...)
+with ``megatron.core.jit.jit_fuser``, which is ``torch.compile`` on torch >= 2.2. Calling
+``torch.compile(fn)`` compiles nothing yet, but it imports dynamo and inductor: about 1.1 s of the
+2 s megatron-core takes to import on a 2-core machine, and about 0.3 s more at interpreter exit.
+A command that never runs those helpers (``loong convert``) imports megatron-core through
+:func:`import_megatron_core`, under which each decoration returns a wrapper that calls
+``torch.compile`` the first time the helper runs, so a helper that does run behaves as before.
+Training imports megatron-core the ordinary way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import sys
+from collections.abc import Callable, Iterator
+
+
+def _compile_on_first_call(compile_fn: Callable, fn: Callable | None = None, **options):
+    """What ``torch.compile(fn, **options)`` returns, compiled when first called."""
+    if fn is None:  # used as ``@torch.compile(**options)``
+        return lambda f: _compile_on_first_call(compile_fn, f, **options)
+    compiled: list[Callable] = []
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        if not compiled:
+            compiled.append(compile_fn(fn, **options))
+        return compiled[0](*args, **kwargs)
+
+    return call
+
+
+@contextlib.contextmanager
+def compile_deferred() -> Iterator[None]:
+    """Within the block, ``torch.compile(fn)`` wraps ``fn`` instead of setting up dynamo.
+
+    Only for imports in a single thread: ``torch.compile`` is restored on exit.
+    """
+    import torch
+
+    real = torch.compile
+    torch.compile = functools.partial(_compile_on_first_call, real)
+    try:
+        yield
+    finally:
+        torch.compile = real
+
+
+def import_megatron_core(*modules: str) -> None:
+    """Import ``megatron.core`` and ``modules`` (dotted names) with compilation deferred.
+
+    A no-op for a module already imported (then its helpers are whatever they were).
+
+    Args:
+        modules: Further modules to import the same way (``megatron.core.dist_checkpointing``,
+            loong's engine modules that import megatron-core's models).
+    """
+    with compile_deferred():
+        for name in ("megatron.core", *modules):
+            if name not in sys.modules:
+                importlib.import_module(name)

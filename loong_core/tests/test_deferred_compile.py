@@ -1,0 +1,80 @@
+"""``loong convert`` imports megatron-core without setting up ``torch.compile``, and its CLI
+ends without the interpreter's teardown once it has succeeded (both: seconds of a conversion)."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+
+from loong_core.cli import main as cli
+from loong_core.engines.megatron.deferred_compile import _compile_on_first_call, compile_deferred
+
+
+def test_a_deferred_function_is_compiled_once_on_its_first_call():
+    compiled = []
+
+    def fake_compile(fn, **options):
+        compiled.append(options)
+        return lambda *args: ("compiled", fn(*args))
+
+    def double(x):
+        return 2 * x
+
+    wrapped = _compile_on_first_call(fake_compile, double)
+    assert compiled == [] and wrapped.__name__ == "double"
+    assert wrapped(3) == ("compiled", 6) and wrapped(4) == ("compiled", 8)
+    assert compiled == [{}]
+    decorated = _compile_on_first_call(fake_compile, dynamic=True)(double)  # @torch.compile(...)
+    assert decorated(1) == ("compiled", 2) and compiled == [{}, {"dynamic": True}]
+
+
+def test_torch_compile_is_restored_after_the_block():
+    import torch
+
+    real = torch.compile
+    with pytest.raises(RuntimeError), compile_deferred():
+        assert torch.compile is not real
+        raise RuntimeError
+    assert torch.compile is real
+
+
+def test_megatron_core_imports_without_dynamo_and_its_fused_helpers_still_work():
+    script = """
+import sys, warnings
+warnings.simplefilter("ignore")
+from loong_core.engines.megatron.deferred_compile import import_megatron_core
+import_megatron_core("megatron.core.dist_checkpointing")
+import torch
+deferred = "torch._dynamo" not in sys.modules
+from megatron.core.fusions.fused_bias_geglu import geglu  # compiled when first called
+print(deferred, torch.compile.__module__, geglu.__wrapped__.__name__)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["True", "torch", "geglu"]
+
+
+def test_a_command_that_asks_for_it_exits_at_once_after_success(monkeypatch, capsys):
+    exits = []
+
+    def fake_exit(code):
+        exits.append(code)
+        raise SystemExit(code)
+
+    monkeypatch.setattr(cli.os, "_exit", fake_exit)
+    monkeypatch.setattr(cli, "_run", lambda argv: (0, argparse.Namespace(exit_without_teardown=True)))
+    with pytest.raises(SystemExit):
+        cli.entry()
+    assert exits == [0]
+    monkeypatch.setattr(cli, "_run", lambda argv: (2, argparse.Namespace(exit_without_teardown=True)))
+    with pytest.raises(SystemExit) as failed:  # a failure exits the ordinary way
+        cli.entry()
+    assert failed.value.code == 2 and exits == [0]
+    monkeypatch.setattr(cli, "_run", lambda argv: (0, argparse.Namespace()))
+    with pytest.raises(SystemExit) as ordinary:
+        cli.entry()
+    assert ordinary.value.code == 0 and exits == [0]
