@@ -203,3 +203,13 @@ class MoEDecoderConfig(DecoderConfig):
                 f"layer ({path}.num_layers = {self.num_layers}), or an int k for every k-th layer.")
         if isinstance(self.moe_layer_freq, int) and self.moe_layer_freq < 1:
             raise ConfigError(f"'{path}.moe_layer_freq' = {self.moe_layer_freq} must be >= 1.")
+        # megatron-core's MoELayer.forward raises a ValueError when it trains under TP without SP.
+        p = run.parallel
+        has_moe_layer = isinstance(self.moe_layer_freq, int) or any(self.moe_layer_freq)
+        if p.engine == "megatron" and p.tensor_model_parallel_size > 1 and not p.sequence_parallel \
+                and has_moe_layer:
+            raise ConfigError(
+                "'parallel.sequence_parallel' = false with parallel.tensor_model_parallel_size = "
+                f"{p.tensor_model_parallel_size}: megatron-core does not train the MoE layers of "
+                f"model '{self.name}' under tensor parallelism without sequence parallelism; set "
+                "parallel.sequence_parallel=true, or parallel.tensor_model_parallel_size=1.")
