@@ -7,6 +7,7 @@ import atexit
 import logging
 import os
 import sys
+import threading
 
 from loong_core import __version__
 from loong_core.errors import LoongError
@@ -102,13 +103,17 @@ def entry() -> None:
     A command that sets ``exit_without_teardown`` (a parser default; ``loong convert``, whose
     files are complete and closed when it returns) skips the interpreter's teardown once it has
     succeeded: with megatron-core and dynamo imported, tearing down the modules takes about a
-    second, longer than some conversions. The exit handlers that libraries registered run first
-    (worker processes are joined, log handlers flushed), then stdout and stderr are flushed; a
-    failing command exits the ordinary way.
+    second, longer than some conversions. What the interpreter does before that teardown still
+    runs (threads joined, thread pools finished, the exit handlers libraries registered: worker
+    processes joined, log handlers flushed), then stdout and stderr are flushed; a failing command
+    exits the ordinary way.
     """
     code, args = _run(None)
     if code == 0 and getattr(args, "exit_without_teardown", False):
-        atexit._run_exitfuncs()  # what libraries registered (worker processes joined, logs shut)
+        # the interpreter's own first two steps of exit: join the threads (thread pools finish
+        # their work), then the handlers libraries registered (worker processes, log handlers)
+        getattr(threading, "_shutdown", lambda: None)()
+        atexit._run_exitfuncs()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
