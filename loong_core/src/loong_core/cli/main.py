@@ -110,14 +110,19 @@ def entry() -> None:
     """
     code, args = _run(None)
     if code == 0 and getattr(args, "exit_without_teardown", False):
-        # the interpreter's own first two steps of exit: join the threads (thread pools finish
-        # their work), then the handlers libraries registered (worker processes, log handlers)
-        getattr(threading, "_shutdown", lambda: None)()
-        atexit._run_exitfuncs()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+        _exit_without_teardown()
     sys.exit(code)
+
+
+def _exit_without_teardown() -> None:
+    """End the process with status 0 after the interpreter's own first two steps of exit: join
+    the threads (thread pools finish their work), then run the handlers libraries registered
+    (worker processes, log handlers); the module teardown that follows them is skipped."""
+    getattr(threading, "_shutdown", lambda: None)()
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
