@@ -376,6 +376,8 @@ def loong_to_hf(src: str, dst: str, dtype: str | None = None) -> dict:
     layout = None if merge else read_layout(src_path)
     if layout is None:
         _import_libraries()
+    else:  # the checkpoint's tensor index is torch.distributed.checkpoint's metadata
+        import torch.distributed.checkpoint.metadata  # noqa: F401
     started = time.perf_counter()  # the conversion itself (the libraries' import is start-up)
     # every file's size and checksum, checked while the export reads (nothing is published
     # before the check passed; the readers never run code from a file, damaged or not)
