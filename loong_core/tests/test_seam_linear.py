@@ -94,6 +94,8 @@ def test_only_the_calls_it_serves_are_taken():
     bf16 = torch.nn.Parameter(torch.zeros(4, 3, dtype=torch.bfloat16))
     bf16.main_grad, bf16.grad_added_to_main_grad = torch.zeros(4, 3), False
     assert not linear.covers(bf16, False, False, None)  # mixed precision: megatron-core's path
+    weight.register_hook(lambda grad: grad)  # a hook that needs the real gradient (the VLM's
+    assert not linear.covers(weight, False, False, None)  # sharded encoder sums it over replicas)
 
 
 def test_main_grad_under_torchs_non_reentrant_checkpoint(mcore, monkeypatch):

@@ -111,6 +111,7 @@ class VLMProvider(ModelProvider):
         return VisionLanguageModel
 
     def build_megatron_model(self, config, pre_process: bool, post_process: bool, vp_stage):
+        from loong_core.engines.megatron.seam import linear
         from loong_vlm.encoder_parallel import build_encoder, projector_config
 
         c = self.config
@@ -124,6 +125,7 @@ class VLMProvider(ModelProvider):
                                            encoder.output_size, encoder.grid, config.hidden_size)
         model = self.composer_class()(config, language_model, encoder, projector, c.image_token_id,
                                       c.video_token_id)
+        linear.adopt(model)  # the vision tower's and projector's linears too (the LM's already are)
         frozen = {"encoder": getattr(c.encoder, "freeze", False),
                   "projector": getattr(c.projector, "freeze", False),
                   "language_model": c.freeze_foundation}

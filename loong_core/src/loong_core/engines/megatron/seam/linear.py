@@ -36,13 +36,16 @@ def covers(weight: torch.Tensor, gradient_accumulation_fusion: bool, sequence_pa
            grad_output_buffer) -> bool:
     """:class:`MainGradLinear` serves this call: a trained fp32 CPU weight under megatron-core's
     DDP (``main_grad`` of the same dtype), megatron-core's fused accumulation not requested,
-    no sequence parallelism (its all-gather / reduce-scatter stay megatron-core's) and no
-    deferred embedding wgrad."""
+    no sequence parallelism (its all-gather / reduce-scatter stay megatron-core's), no
+    deferred embedding wgrad, and no gradient hook on the weight (``register_hook``: such a hook
+    needs the real gradient, e.g. the VLM's sum of a sharded encoder's gradients over its
+    replicas, which the stand-in gradient would not carry)."""
     return (weight.requires_grad and weight.device.type == "cpu" and weight.dtype == torch.float32
             and not gradient_accumulation_fusion and not sequence_parallel
             and grad_output_buffer is None and hasattr(weight, "grad_added_to_main_grad")
             and getattr(weight, "main_grad", None) is not None
-            and weight.main_grad.dtype == weight.dtype)
+            and weight.main_grad.dtype == weight.dtype
+            and not getattr(weight, "_backward_hooks", None))
 
 
 def accumulate_weight_grad(weight: torch.Tensor, grad_output: torch.Tensor, input: torch.Tensor):
