@@ -1,4 +1,5 @@
-"""TP2, PP2, DP2 and TP2xPP2 follow the single-rank loss curve (same weights, same data)."""
+"""TP2, PP2, DP2 (also with the distributed optimizer and the gradient reduce overlapped with the
+backward) and TP2xPP2 follow the single-rank loss curve (same weights, same data)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ LAYOUTS = {
     "pp2": (2, ["parallel=pp2"]),
     "dp2": (2, []),
     "dp2_distopt": (2, ["parallel=zero1"]),
+    "dp2_distopt_overlap": (2, ["parallel=zero1", "parallel.overlap_grad_reduce=true"]),
     "tp2_pp2": (4, ["parallel=tp2_pp2"]),
     "pp2_vpp2": (2, ["parallel=pp2", "parallel.virtual_pipeline_model_parallel_size=2"]),
     "recompute_full": (1, ["parallel.recompute_granularity=full", "parallel.recompute_method=uniform",
