@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
-import sys
 from collections.abc import Callable, Iterator
 
 
@@ -61,5 +60,4 @@ def import_megatron_core(*modules: str) -> None:
     """
     with compile_deferred():
         for name in ("megatron.core", *modules):
-            if name not in sys.modules:
-                importlib.import_module(name)
+            importlib.import_module(name)

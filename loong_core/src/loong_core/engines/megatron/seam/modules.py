@@ -180,7 +180,7 @@ class SeamCoreAttention(MegatronModule):
             if (packed_seq_params is not None or attention_mask is not None
                     or mask_type != AttnMaskType.causal):
                 raise NotImplementedError("SeamCoreAttention: parallel.sequence_chunks > 1 needs "
-                                          "causal attention without a dense mask or THD"
+                                          "causal attention without a dense mask or THD "
                                           "packed_seq_params (packed documents come as segment ids).")
             out = chunked_attention.attention(
                 self, query, key, value, cp_group=self.cp_group, scale=self.softmax_scale,
