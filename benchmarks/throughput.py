@@ -30,7 +30,14 @@ each other and, like the transformers arm, compile nothing; ``compile`` / ``auto
 kernels option to ``loong train`` and resolve it the same way in the bare loops (``auto`` there
 without a step count, so ``auto``'s step-dependent picks may differ: read the banner).
 
+Optimizer: ``--optimizer fused`` (default) steps every arm with torch's fused AdamW kernel: what
+each framework gives by default (loong's ``optim.implementation=auto``, transformers' Trainer
+``adamw_torch_fused`` on torch >= 2.8, torchtitan's ``implementation="fused"``);
+``--optimizer for-loop`` gives every arm torch's Python loop (what megatron-core without Apex /
+TransformerEngine builds, and a bare ``torch.optim.AdamW`` on CPU).
+
 Usage: python benchmarks/throughput.py [--size default|30m|125m] [--rounds 3] [--steps 8] [--kernels torch]
+       [--optimizer fused]
 """
 
 from __future__ import annotations
@@ -54,6 +61,16 @@ VOCAB = 4096
 OPTIM = dict(lr=2.0e-3, weight_decay=0.1, beta1=0.9, beta2=0.95, eps=1e-8, clip=1.0)
 ARMS = ("loong", "mcore", "mcore_local", "transformers", "torchtitan")
 KERNELS = "torch"  # the ``kernels`` config option of the megatron arms (``--kernels``)
+OPTIMIZER = "fused"  # torch's AdamW implementation in every arm (``--optimizer``)
+
+
+def _adamw(params):
+    """The peers' ``torch.optim.AdamW`` in the :data:`OPTIMIZER` implementation."""
+    import torch
+
+    kind = {"fused": dict(fused=True), "for-loop": dict(foreach=False)}[OPTIMIZER]
+    return torch.optim.AdamW(params, lr=OPTIM["lr"], betas=(OPTIM["beta1"], OPTIM["beta2"]),
+                             eps=OPTIM["eps"], weight_decay=OPTIM["weight_decay"], **kind)
 
 
 def _kernel_section():
@@ -96,7 +113,8 @@ def arm_loong(shape: dict, steps: int) -> list[float]:
                    f"trainer.global_batch_size={shape['batch']}", f"trainer.train_iters={steps}",
                    "trainer.log_interval=1", "trainer.eval_interval=0", "trainer.eval_at_start=false",
                    "trainer.save_at_end=false", "trainer.progress_bar=false", "trainer.tensorboard=false",
-                   f"kernels={KERNELS}", f"trainer.run_dir={run_dir}"], env={"OMP_NUM_THREADS": str(os.cpu_count())})
+                   f"kernels={KERNELS}", f"optim.implementation={OPTIMIZER}",
+                   f"trainer.run_dir={run_dir}"], env={"OMP_NUM_THREADS": str(os.cpu_count())})
         return [r["step_time"] for r in sorted(read_metrics(run_dir), key=lambda r: r["step"])]
 
 
@@ -124,6 +142,7 @@ def _mcore_loop(shape: dict, steps: int, seam: bool) -> list[float]:
 
     from loong_core import kernels
     from loong_core.devices import mcore_cpu
+    from loong_core.engines import optimizer_implementation
     from loong_core.engines.megatron.seam import spec as seam_spec
     from loong_core.engines.megatron.seam.gpt import SeamGPTModel
     from loong_core.testing import free_port
@@ -153,6 +172,7 @@ def _mcore_loop(shape: dict, steps: int, seam: bool) -> list[float]:
     optimizer = get_megatron_optimizer(OptimizerConfig(
         optimizer="adam", lr=OPTIM["lr"], weight_decay=OPTIM["weight_decay"], adam_beta1=OPTIM["beta1"],
         adam_beta2=OPTIM["beta2"], adam_eps=OPTIM["eps"], clip_grad=OPTIM["clip"]), [ddp])
+    optimizer_implementation.apply(optimizer_implementation.torch_optimizers(optimizer), OPTIMIZER)
     positions = torch.arange(shape["seq"]).unsqueeze(0).expand(shape["batch"], -1)
     forward_backward = get_forward_backward_func()
 
@@ -192,8 +212,7 @@ def arm_transformers(shape: dict, steps: int) -> list[float]:
                             num_key_value_heads=shape["groups"], max_position_embeddings=1024,
                             rms_norm_eps=1e-5, tie_word_embeddings=True, attn_implementation="sdpa")
     model = tf.LlamaForCausalLM(config).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=OPTIM["lr"], betas=(OPTIM["beta1"], OPTIM["beta2"]),
-                                  eps=OPTIM["eps"], weight_decay=OPTIM["weight_decay"])
+    optimizer = _adamw(model.parameters())
 
     def step(tokens, labels):
         logits = model(input_ids=tokens).logits
@@ -228,8 +247,7 @@ def arm_torchtitan(shape: dict, steps: int) -> list[float]:
                                                              theta=10000.0), attn_backend="flex"))
     model = config.build()
     model.init_states()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=OPTIM["lr"], betas=(OPTIM["beta1"], OPTIM["beta2"]),
-                                  eps=OPTIM["eps"], weight_decay=OPTIM["weight_decay"])
+    optimizer = _adamw(model.parameters())
     positions = torch.arange(shape["seq"]).unsqueeze(0).expand(shape["batch"], -1)
     masks = model.get_attention_masks(positions)
 
@@ -259,7 +277,7 @@ def _flops_per_token(shape: dict) -> float:
 def _run_arm(arm: str, size: str, steps: int, python: str) -> list[float]:
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         cmd = [python, __file__, "--worker", arm, "--size", size, "--steps", str(steps), "--out", out.name,
-               "--kernels", KERNELS]
+               "--kernels", KERNELS, "--optimizer", OPTIMIZER]
         result = subprocess.run(cmd, capture_output=True, text=True,
                                 env={**os.environ, "OMP_NUM_THREADS": str(os.cpu_count())})
         if result.returncode:
@@ -279,12 +297,14 @@ def main() -> None:
                         help="python of a venv with torchtitan (default: this one, if it has it)")
     parser.add_argument("--kernels", choices=("torch", "compile", "auto"), default="torch",
                         help="kernels option of the megatron arms (default: the torch references)")
+    parser.add_argument("--optimizer", choices=("fused", "for-loop"), default="fused",
+                        help="torch's AdamW implementation in every arm (default: the fused kernel)")
     parser.add_argument("--worker", choices=ARMS, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     shape = SIZES[args.size]
-    global KERNELS
-    KERNELS = args.kernels
+    global KERNELS, OPTIMIZER
+    KERNELS, OPTIMIZER = args.kernels, args.optimizer
     if args.worker:
         Path(args.out).write_text(json.dumps(globals()[f"arm_{args.worker}"](shape, args.steps)))
         return
@@ -318,7 +338,7 @@ def main() -> None:
     print(f"shape: hidden {shape['hidden']}, layers {shape['layers']}, heads {shape['heads']}/{shape['groups']}, "
           f"ffn {shape['ffn']}, vocab {VOCAB}, seq {shape['seq']}, batch {shape['batch']} "
           f"({tokens} tokens/step); {os.cpu_count()} threads; {args.rounds} rounds x "
-          f"{args.steps - args.warmup} timed steps per arm; kernels={KERNELS}; "
+          f"{args.steps - args.warmup} timed steps per arm; kernels={KERNELS}; AdamW {OPTIMIZER}; "
           f"peak {peak / 1e9:.0f} GFLOP/s (derived); "
           f"load average {os.getloadavg()[1]:.1f} (5 min)")
     # The fastest step is the least disturbed by other work on a shared machine: shown beside the

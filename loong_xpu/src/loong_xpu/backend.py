@@ -43,6 +43,9 @@ class XPUBackend(DeviceBackend):
 
     name = "xpu"
     visible_devices_var = "CUDA_VISIBLE_DEVICES"
+    # torch_xmlir presents the card as ``cuda``; whether it carries torch's fused optimizer
+    # kernels is not known here, so ``optim.implementation=auto`` keeps torch's default.
+    fused_optimizers = False
 
     def __init__(self, local_rank: int = 0, num_threads: int | None = None,
                  peak_tflops: float | None = None):

@@ -178,6 +178,11 @@ class OptimConfig:
         loss_scale_window: fp16 dynamic loss scaling: steps without overflow before the scale
             doubles.
         hysteresis: fp16 dynamic loss scaling: overflows tolerated before the scale halves.
+        implementation: torch's optimizer implementation (as torchtitan's
+            ``optimizer.implementation``): ``auto`` (the fused kernel wherever torch has one for the
+            parameters' device, as transformers' Trainer defaults to; torch's own choice
+            elsewhere), ``fused``, ``foreach`` or ``for-loop``. Apex / TransformerEngine optimizers,
+            which megatron-core prefers when installed, are not affected.
     """
 
     optimizer: Literal["adam", "sgd"] = "adam"
@@ -197,6 +202,7 @@ class OptimConfig:
     min_loss_scale: float = 1.0
     loss_scale_window: int = 1000
     hysteresis: int = 2
+    implementation: Literal["auto", "fused", "foreach", "for-loop"] = "auto"
 
 
 @dataclass

@@ -26,11 +26,15 @@ class DeviceBackend:
         visible_devices_var: Environment variable that restricts which devices a process sees
             (``CUDA_VISIBLE_DEVICES``), or None where there is none (CPU). loong never sets it:
             the launcher or the site does.
+        fused_optimizers: torch's fused optimizer kernels run on this device, so
+            ``optim.implementation=auto`` takes them (a vendor runtime that presents its card as
+            another device type may lack them: it sets False and ``auto`` keeps torch's default).
     """
 
     name = "base"
     dist_backend = "gloo"
     visible_devices_var: str | None = None
+    fused_optimizers = True
 
     @classmethod
     def is_available(cls) -> bool:

@@ -57,6 +57,20 @@ def _precision_line(cfg, device) -> str:
             f"optimizer state fp32)")
 
 
+def _optimizer_line(cfg, device) -> str:
+    """The optimizer and torch's implementation of it (``optim.implementation``)."""
+    o = cfg.optim
+    implementation = o.implementation
+    if implementation == "auto":
+        from loong_core.engines.optimizer_implementation import fused_available
+
+        fused = device.fused_optimizers and fused_available(device.torch_device)
+        implementation = "fused" if fused else "torch's default"
+    name = "adamw" if o.optimizer == "adam" else "sgd"
+    return (f"optimizer: {name} ({implementation}, optim.implementation={o.implementation}) lr {o.lr:g} "
+            f"weight-decay {o.weight_decay:g} clip-grad {o.clip_grad:g}")
+
+
 def kernels_line() -> str:
     """The backend resolved per kernel op (``kernels.<op>``, ``auto`` already resolved)."""
     from loong_core import kernels
@@ -79,6 +93,7 @@ def banner(cfg, device, layout, num_params: int, system, run_dir) -> str:
         _parallel_line(p, layout),
         kernels_line(),
         _precision_line(cfg, device),
+        _optimizer_line(cfg, device),
         _peak_line(cfg, device),
         f"batch: global {t.global_batch_size} = micro {t.micro_batch_size} x grad-accum "
         f"{grad_accum} x DP {layout.data_parallel_size} | steps {t.train_iters}",

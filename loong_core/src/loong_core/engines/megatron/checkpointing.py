@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from loong_core.engines import optimizer_implementation
 from loong_core.engines.megatron import precision_checkpoint
 
 SHARDING_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
@@ -111,6 +112,7 @@ def load(engine, directory: str) -> dict:
     _restore_zero_step(loaded["optimizer"])
     with torch.no_grad():
         engine.optimizer.load_state_dict(loaded["optimizer"])
+    optimizer_implementation.place_step_counts(optimizer_implementation.torch_optimizers(engine.optimizer))
     engine.scheduler.load_state_dict(loaded["scheduler"])
     return loaded["loong"]
 

@@ -92,7 +92,8 @@ class MegatronEngine(Engine):
         if p.overlap_param_gather:
             param_sync = [m.start_param_sync for m in self.model]
             self.mcore_config.param_sync_func = param_sync[0] if len(param_sync) == 1 else param_sync
-        self.optimizer, self.scheduler = optim.build(self.config, self.model, self.precision)
+        self.optimizer, self.scheduler = optim.build(self.config, self.model, self.precision,
+                                                     self.device.fused_optimizers)
         if self.precision.name == "fp16":
             # The schedules multiply each micro batch's loss by the optimizer's loss scale.
             self.mcore_config.grad_scale_func = self.optimizer.scale_loss

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from loong_core.engines import optimizer_implementation
 from loong_core.engines.megatron import distopt_fixes, precision
 
 
-def build(config, model_chunks, prec: precision.Precision | None = None):
+def build(config, model_chunks, prec: precision.Precision | None = None, auto_fused: bool = True):
     """Return ``(optimizer, scheduler)``; the scheduler counts optimizer steps (iterations).
 
     Args:
@@ -13,6 +14,8 @@ def build(config, model_chunks, prec: precision.Precision | None = None):
         model_chunks: The DDP-wrapped model chunks.
         prec: The run's precision (None: fp32); bf16 / fp16 build megatron-core's
             mixed-precision optimizer with fp32 main parameters.
+        auto_fused: ``optim.implementation=auto`` may take torch's fused kernel (the device
+            backend's ``fused_optimizers``).
     """
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
@@ -36,6 +39,8 @@ def build(config, model_chunks, prec: precision.Precision | None = None):
         ),
         model_chunks,
     )
+    optimizer_implementation.apply(optimizer_implementation.torch_optimizers(optimizer), o.implementation,
+                                   auto_fused)
     decay_iters = o.lr_decay_iters or t.train_iters
     scheduler = OptimizerParamScheduler(
         optimizer,

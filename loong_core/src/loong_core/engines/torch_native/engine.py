@@ -81,7 +81,7 @@ class TorchEngine(Engine):
         blocks = list(self.provider.torch_blocks(module))
         self.model = parallelize.wrap(module, blocks, p, self.device, self.layout.world_size, self.dtype,
                                       getattr(self.provider, "torch_unused_parameters", False))
-        self.optimizer = optim.build_optimizer(self.config, self.model)
+        self.optimizer = optim.build_optimizer(self.config, self.model, self.device.fused_optimizers)
         self.scheduler = optim.LRSchedule(self.optimizer, self.config)
         self.metric_names = list(getattr(self.provider, "reported_metrics", ("loss",)))
         self._autocast = p.data_parallel_sharding == "ddp" and self.dtype != torch.float32

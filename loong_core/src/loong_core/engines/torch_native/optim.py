@@ -19,14 +19,21 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     return groups
 
 
-def build_optimizer(config, model: torch.nn.Module) -> torch.optim.Optimizer:
-    """``torch.optim.AdamW`` (``optim.optimizer=adam``) or ``SGD`` with momentum."""
+def build_optimizer(config, model: torch.nn.Module, auto_fused: bool = True) -> torch.optim.Optimizer:
+    """``torch.optim.AdamW`` (``optim.optimizer=adam``) or ``SGD`` with momentum, in the
+    implementation ``optim.implementation`` picks (``auto_fused``: the device backend's
+    ``fused_optimizers``)."""
+    from loong_core.engines import optimizer_implementation
+
     o = config.optim
     groups = param_groups(model, o.weight_decay)
     if o.optimizer == "adam":
-        return torch.optim.AdamW(groups, lr=o.lr, betas=(o.adam_beta1, o.adam_beta2), eps=o.adam_eps,
-                                 weight_decay=o.weight_decay)
-    return torch.optim.SGD(groups, lr=o.lr, momentum=o.sgd_momentum, weight_decay=o.weight_decay)
+        optimizer = torch.optim.AdamW(groups, lr=o.lr, betas=(o.adam_beta1, o.adam_beta2), eps=o.adam_eps,
+                                      weight_decay=o.weight_decay)
+    else:
+        optimizer = torch.optim.SGD(groups, lr=o.lr, momentum=o.sgd_momentum, weight_decay=o.weight_decay)
+    optimizer_implementation.apply([optimizer], o.implementation, auto_fused)
+    return optimizer
 
 
 class LRSchedule:

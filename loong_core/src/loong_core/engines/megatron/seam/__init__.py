@@ -6,6 +6,7 @@
   with it.
 - :mod:`.modules`: those modules.
 - :mod:`.rope`: megatron-core's rotary embedding routed through ``kernels.get("rope")``.
+- :mod:`.logits_max`: megatron-core's cross entropy takes its row maximum with ``amax``.
 - :mod:`.gpt`: a ``GPTModel`` whose loss is ``cross_entropy`` / ``linear_cross_entropy``.
 
 A family calls these instead of naming modules, so a new kernel changes no family folder.

@@ -19,7 +19,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
 from loong_core import kernels
-from loong_core.engines.megatron.seam import rope, swiglu
+from loong_core.engines.megatron.seam import logits_max, rope, swiglu
 from loong_core.engines.megatron.seam.modules import SeamCoreAttention, SeamRMSNorm, SeamSwiGLU
 
 logger = logging.getLogger(__name__)
@@ -75,7 +75,8 @@ def apply(spec, config=None, vp_stage: int | None = None):
     in :data:`CORE_ATTENTION` becomes :class:`SeamCoreAttention`; with a
     non-plain ``rms_norm`` every RMSNorm (``WrappedTorchNorm`` under ``normalization=RMSNorm``)
     becomes :class:`SeamRMSNorm`; with ``config.use_te_activation_func`` every MLP gets
-    :class:`SeamSwiGLU`. Also routes megatron-core's rotary embedding through the seam.
+    :class:`SeamSwiGLU`. Also routes megatron-core's rotary embedding through the seam and
+    gives its cross entropy the cheaper row maximum of :mod:`.logits_max`.
     Without ``config`` (a spec built before its ``TransformerConfig``) only the core attention
     and RoPE are the seam's and a layer spec stays a layer spec.
     """
@@ -85,6 +86,7 @@ def apply(spec, config=None, vp_stage: int | None = None):
     from megatron.core.transformer.transformer_layer import BaseTransformerLayer
 
     rope.install()
+    logits_max.install()
     spec = copy.deepcopy(spec)
     norm, act = WrappedTorchNorm, None
     if config is not None:
