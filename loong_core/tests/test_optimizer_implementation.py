@@ -85,3 +85,19 @@ def test_megatron_chain_is_unwrapped():
     a, b = _adamw(_params()), _adamw(_params(1))
     assert impl.torch_optimizers(Chain([Wrapped(a), Wrapped(b)])) == [a, b]
     assert impl.torch_optimizers(Wrapped(a)) == [a]
+
+
+def test_banner_names_the_implementation_auto_takes():
+    from types import SimpleNamespace
+
+    from loong_core.config.schema import OptimConfig
+    from loong_core.devices.cpu import CPUBackend
+    from loong_core.trainer.banner import _optimizer_line
+
+    cfg = SimpleNamespace(optim=OptimConfig())
+    device = CPUBackend()
+    assert _optimizer_line(cfg, device).startswith("optimizer: adamw (fused, optim.implementation=auto)")
+    device.fused_optimizers = False
+    assert "(torch's default, optim.implementation=auto)" in _optimizer_line(cfg, device)
+    cfg.optim.implementation = "for-loop"
+    assert "(for-loop, optim.implementation=for-loop)" in _optimizer_line(cfg, device)
