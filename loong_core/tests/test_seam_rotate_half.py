@@ -39,35 +39,3 @@ def test_only_the_layout_it_reproduces_is_taken():
     assert not rotate_half.covers(t, full, CONFIG, None, 0.5)
     for flag in ("rotary_interleaved", "multi_latent_attention", "apply_rope_fusion"):
         assert not rotate_half.covers(t, full, SimpleNamespace(**{**vars(CONFIG), flag: True}), None, 1.0)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_batch_major_result_has_the_same_values_and_gradient(dtype):
-    """Stored ``[b, s, h, d]`` for the seam's attention: same values and input gradient."""
-    generator = torch.Generator().manual_seed(1)
-    s, b, h, d = 9, 3, 2, 8
-    mixed = torch.randn(s, b, h, 3 * d, generator=generator).to(dtype)  # a strided split, as from fused QKV
-    freqs = torch.randn(s, 1, 1, d, generator=generator) * 40
-    grad = torch.randn(s, b, h, d, generator=generator).to(dtype)
-    outs, grads = [], []
-    for batch_major in (False, True):
-        source = mixed.clone().requires_grad_()
-        out = rotate_half.apply(source[..., :d], freqs, batch_major=batch_major)
-        out.backward(grad)
-        outs.append(out)
-        grads.append(source.grad)
-    assert outs[0].is_contiguous()
-    assert outs[1].transpose(0, 1).is_contiguous() and not outs[1].is_contiguous()
-    assert outs[1].shape == outs[0].shape
-    assert torch.equal(outs[0], outs[1])
-    assert torch.equal(grads[0], grads[1])
-
-
-def test_batch_major_is_what_the_config_declares():
-    config = SimpleNamespace()
-    assert not rotate_half.batch_major(config)
-    rotate_half.mark_batch_major(config)
-    assert rotate_half.batch_major(config)
-    # one sample: nothing to reorder
-    out = rotate_half.apply(torch.randn(4, 1, 2, 8), torch.randn(4, 1, 1, 8), batch_major=True)
-    assert out.is_contiguous()

@@ -9,7 +9,7 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 
 from loong_core import kernels
-from loong_core.engines.megatron.seam import chunked_attention, context_parallel, rotate_half, swiglu
+from loong_core.engines.megatron.seam import chunked_attention, context_parallel, swiglu
 from loong_core.errors import ConfigError
 from loong_core.kernels.segment_mask import SegmentMask, segment_mask
 
@@ -162,8 +162,6 @@ class SeamCoreAttention(MegatronModule):
         self.softmax_scale = head_dim ** -0.5 if softmax_scale is None else softmax_scale
         self.dropout = config.attention_dropout if attention_dropout is None else attention_dropout
         self.cp_group = None
-        if config.context_parallel_size == 1:  # (under CP the keys are gathered: contiguous is cheaper)
-            rotate_half.mark_batch_major(config)  # every path below takes any strides
         if config.context_parallel_size > 1:
             cp = getattr(pg_collection, "cp", None) if pg_collection is not None else None
             if cp is None:

@@ -24,7 +24,7 @@ def seam_apply_rotary_pos_emb(t, freqs, config, cu_seqlens=None, mscale: float =
             and not config.multi_latent_attention and not kernels.is_plain("rope")):
         return kernels.get("rope")(t, freqs)
     if kernels.is_plain("rope") and rotate_half.covers(t, freqs, config, cu_seqlens, mscale):
-        return rotate_half.apply(t, freqs, batch_major=rotate_half.batch_major(config))
+        return rotate_half.apply(t, freqs)
     return _original(t, freqs, config, cu_seqlens=cu_seqlens, mscale=mscale, cp_group=cp_group)
 
 
