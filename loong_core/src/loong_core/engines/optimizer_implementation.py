@@ -37,6 +37,16 @@ def fused_available(device) -> bool:
     return torch.device(device).type in _fused_devices()
 
 
+def planned(implementation: str, device) -> str:
+    """What ``implementation`` gives on ``device`` (a device backend), before any optimizer exists:
+    ``auto`` is ``fused`` where the backend allows it and torch has the kernel (the rule
+    :func:`apply` follows), else ``torch's default``."""
+    if implementation != "auto":
+        return implementation
+    fused = device.fused_optimizers and fused_available(device.torch_device)
+    return "fused" if fused else "torch's default"
+
+
 def _fusable(optimizer: torch.optim.Optimizer) -> bool:
     """Every parameter is a floating-point tensor on a device torch has the fused kernel for."""
     devices = _fused_devices()

@@ -59,13 +59,10 @@ def _precision_line(cfg, device) -> str:
 
 def _optimizer_line(cfg, device) -> str:
     """The optimizer and torch's implementation of it (``optim.implementation``)."""
-    o = cfg.optim
-    implementation = o.implementation
-    if implementation == "auto":
-        from loong_core.engines.optimizer_implementation import fused_available
+    from loong_core.engines.optimizer_implementation import planned
 
-        fused = device.fused_optimizers and fused_available(device.torch_device)
-        implementation = "fused" if fused else "torch's default"
+    o = cfg.optim
+    implementation = planned(o.implementation, device)
     name = "adamw" if o.optimizer == "adam" else "sgd"
     return (f"optimizer: {name} ({implementation}, optim.implementation={o.implementation}) lr {o.lr:g} "
             f"weight-decay {o.weight_decay:g} clip-grad {o.clip_grad:g}")
