@@ -1,5 +1,6 @@
-"""``loong convert`` imports megatron-core without setting up ``torch.compile``, and its CLI
-ends without the interpreter's teardown once it has succeeded (both: seconds of a conversion)."""
+"""loong imports megatron-core without setting up ``torch.compile``, and ``loong train`` /
+``loong convert`` end without the interpreter's teardown once they have succeeded (both: seconds
+of every run)."""
 
 from __future__ import annotations
 
@@ -65,7 +66,7 @@ def test_a_command_that_asks_for_it_exits_at_once_after_success(monkeypatch, cap
         exits.append(0)
         raise SystemExit(0)
 
-    monkeypatch.setattr(cli, "_exit_without_teardown", fake_exit)
+    monkeypatch.setattr(cli.quick_exit, "exit_without_teardown", fake_exit)
     monkeypatch.setattr(cli, "_run", lambda argv: (0, argparse.Namespace(exit_without_teardown=True)))
     with pytest.raises(SystemExit):
         cli.entry()

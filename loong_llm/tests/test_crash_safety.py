@@ -200,7 +200,7 @@ def test_killing_the_launcher_ends_every_process_within_10_s(tiny, tmp_path, npr
     run_dir = tmp_path / "run"
     run = Run([*tiny, "trainer.train_iters=1000", "trainer.save_interval=1", f"trainer.run_dir={run_dir}"], nproc)
     assert _until(lambda: len(store.list_checkpoints(run_dir / "checkpoints")) >= 1), run.output()[-3000:]
-    family = run.family()  # launcher, workers, reapers, checkpoint-writer manager, resource tracker
+    family = run.family()  # launcher, workers, reapers, resource tracker
     assert len(family) >= 2 + nproc, family
     if target == "group":
         os.killpg(run.proc.pid, sig)

@@ -4,12 +4,9 @@
   ``loong train`` process) dies, so killing the launcher, or its process group, ends the workers
   even though torchrun starts them in sessions of their own.
 - :class:`Reaper`: a small watcher process (``python -m loong_core.reaper PID``) that remembers
-  the descendants of a training process (megatron-core's checkpoint-writer queue manager, Python's
+  the descendants of a training process (megatron-core's checkpoint-writer workers, Python's
   resource tracker, data-loader workers) and kills them when that process dies without cleaning up
   (SIGKILL, the OOM killer). It exits when the process does, or when :meth:`Reaper.stop` is called.
-- :func:`start_writer_queue`: megatron-core's checkpoint-writer queue manager, started by loong
-  so that it ignores SIGTERM: with ``trainer.save_on_signal`` the ranks still need it to write
-  the checkpoint after torchrun has sent SIGTERM to each worker's process group.
 
 Linux only (``/proc`` and ``prctl``); elsewhere both are no-ops.
 """
@@ -129,27 +126,6 @@ def watch(pid: int) -> None:
             except OSError:
                 pass
         time.sleep(0.1)
-
-
-def _ignore_sigterm() -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def start_writer_queue() -> None:
-    """Create megatron-core's checkpoint-writer results queue (once per process) in a manager
-    process that ignores SIGINT/SIGTERM; the :class:`Reaper` still kills it if this process dies,
-    and multiprocessing shuts it down at a normal exit."""
-    from multiprocessing.managers import SyncManager
-
-    from megatron.core.dist_checkpointing.strategies import filesystem_async
-
-    if filesystem_async._results_queue is None:
-        import torch.multiprocessing as mp
-
-        manager = SyncManager(ctx=mp.get_context("spawn"))
-        manager.start(initializer=_ignore_sigterm)
-        filesystem_async._results_queue = manager.Queue()  # the proxy keeps the manager alive
 
 
 class Reaper:

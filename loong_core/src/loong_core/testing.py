@@ -32,9 +32,9 @@ def run_train(overrides: list[str], nproc: int = 1, env: dict | None = None, tim
     cmd = [sys.executable, "-m", "loong_core.cli.main", "train", *overrides, "--nproc-per-node", str(nproc),
            *(launch_args or [])]
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    # Output goes to files, not pipes: helper processes of a crashed run (megatron-core's
-    # checkpoint-writer queue manager) may outlive it and would hold a pipe open. The run gets its
-    # own process group, which is cleaned up afterwards.
+    # Output goes to files, not pipes: helper processes of a crashed run (data-loader workers,
+    # megatron-core's forked checkpoint writers) may outlive it and would hold a pipe open. The
+    # run gets its own process group, which is cleaned up afterwards.
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=full_env, start_new_session=True, cwd=cwd)
         try:

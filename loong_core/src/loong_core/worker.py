@@ -31,4 +31,9 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if code == 0:  # the run's files are complete and closed: skip the interpreter's teardown
+        from loong_core.quick_exit import exit_without_teardown
+
+        exit_without_teardown()
+    sys.exit(code)

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import atexit
 import logging
-import os
 import sys
-import threading
 
-from loong_core import __version__
+from loong_core import __version__, quick_exit
 from loong_core.errors import LoongError
 from loong_core.logs import quiet_third_party
 
@@ -100,29 +97,14 @@ def main(argv: list[str] | None = None) -> int:
 def entry() -> None:
     """The ``loong`` executable: :func:`main`, then the process ends.
 
-    A command that sets ``exit_without_teardown`` (a parser default; ``loong convert``, whose
-    files are complete and closed when it returns) skips the interpreter's teardown once it has
-    succeeded: with megatron-core and dynamo imported, tearing down the modules takes about a
-    second, longer than some conversions. What the interpreter does before that teardown still
-    runs (threads joined, thread pools finished, the exit handlers libraries registered: worker
-    processes joined, log handlers flushed), then stdout and stderr are flushed; a failing command
-    exits the ordinary way.
+    A command that sets ``exit_without_teardown`` (a parser default: ``loong train``,
+    ``loong convert``) ends through :func:`loong_core.quick_exit.exit_without_teardown` once it
+    has succeeded; a failing command exits the ordinary way.
     """
     code, args = _run(None)
     if code == 0 and getattr(args, "exit_without_teardown", False):
-        _exit_without_teardown()
+        quick_exit.exit_without_teardown()
     sys.exit(code)
-
-
-def _exit_without_teardown() -> None:
-    """End the process with status 0 after the interpreter's own first two steps of exit: join
-    the threads (thread pools finish their work), then run the handlers libraries registered
-    (worker processes, log handlers); the module teardown that follows them is skipped."""
-    getattr(threading, "_shutdown", lambda: None)()
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 if __name__ == "__main__":

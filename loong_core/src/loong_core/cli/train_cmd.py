@@ -23,7 +23,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--rdzv-id", default="loong", help="job id shared by all nodes")
     p.add_argument("--max-restarts", type=int, default=0, help="worker-group restarts (elastic)")
     p.add_argument("--master-port", type=int, default=None, help="port for single-node runs")
-    p.set_defaults(func=run, accepts_overrides=True)
+    p.set_defaults(func=run, accepts_overrides=True, exit_without_teardown=True)
 
 
 def run(args, extra) -> int:

@@ -293,6 +293,9 @@ def quiet_rng_warning():
 
 def apply(names: list[str] | None = None) -> list[str]:
     """Apply the named patches (all by default) once per process; returns the ones applied now."""
+    from loong_core.engines.megatron.deferred_compile import import_megatron_core
+
+    import_megatron_core()  # before any patch imports it the ordinary way
     applied = []
     for name in names or list(PATCHES):
         if name in _APPLIED:

@@ -2,12 +2,14 @@
 
 megatron-core decorates a dozen fused helpers (``fused_bias_geglu``, ``fused_bias_swiglu``, ...)
 with ``megatron.core.jit.jit_fuser``, which is ``torch.compile`` on torch >= 2.2. Calling
-``torch.compile(fn)`` compiles nothing yet, but it imports dynamo and inductor: about 1.1 s of the
-2 s megatron-core takes to import on a 2-core machine, and about 0.3 s more at interpreter exit.
-A command that never runs those helpers (``loong convert``) imports megatron-core through
-:func:`import_megatron_core`, under which each decoration returns a wrapper that calls
-``torch.compile`` the first time the helper runs, so a helper that does run behaves as before.
-Training imports megatron-core the ordinary way.
+``torch.compile(fn)`` compiles nothing yet, but it imports dynamo and inductor: about 1.1-1.5 s of
+the 2-3 s megatron-core takes to import on a 2-core machine, paid by every rank of every run, and
+more at interpreter exit. Every loong process imports megatron-core through
+:func:`import_megatron_core` (training: the CPU backend's redirects and the megatron engine;
+``loong convert``), under which each decoration returns a wrapper that calls ``torch.compile`` the
+first time the helper runs, so a helper that does run behaves as before. Inside a region dynamo is
+tracing (``kernels=compile``) the wrapper calls the plain function, which dynamo traces as it
+would trace the body of a nested ``torch.compile``.
 """
 
 from __future__ import annotations
@@ -26,11 +28,20 @@ def _compile_on_first_call(compile_fn: Callable, fn: Callable | None = None, **o
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
+        if _tracing():
+            return fn(*args, **kwargs)
         if not compiled:
             compiled.append(compile_fn(fn, **options))
         return compiled[0](*args, **kwargs)
 
     return call
+
+
+def _tracing() -> bool:
+    """Whether dynamo is tracing the caller (constant-folded to True while it does)."""
+    import torch
+
+    return torch.compiler.is_compiling()
 
 
 @contextlib.contextmanager

@@ -16,6 +16,7 @@ from loong_core.engines.megatron import (
     precision,
     sequence_chunks,
 )
+from loong_core.engines.megatron.deferred_compile import import_megatron_core
 from loong_core.engines.megatron.finite import grads_finite
 from loong_core.errors import ConfigError
 
@@ -37,6 +38,7 @@ class MegatronEngine(Engine):
         if self.config.parallel.sequence_chunks > 1:
             sequence_chunks.check_provider(self.provider, self.config.model.name)
             self.provider.sequence_chunks = self.config.parallel.sequence_chunks
+        import_megatron_core()  # the CPU backend did already; on an accelerator this is the first
         self.layout = parallel.initialize(self.config.parallel, self.config.trainer.seed)
         return self.layout
 
