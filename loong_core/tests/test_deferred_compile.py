@@ -79,3 +79,38 @@ def test_a_command_that_asks_for_it_exits_at_once_after_success(monkeypatch, cap
     with pytest.raises(SystemExit) as ordinary:
         cli.entry()
     assert ordinary.value.code == 0 and exits == [0]
+
+
+def test_a_deferred_function_traced_by_dynamo_runs_plain_and_is_not_compiled():
+    import torch
+
+    compiled = []
+
+    def fake_compile(fn, **options):
+        compiled.append(options)
+        return fn
+
+    wrapped = _compile_on_first_call(fake_compile, lambda x: x * 3)
+    traced = torch.compile(lambda x: wrapped(x) + 1, backend="eager", fullgraph=True)
+    assert torch.equal(traced(torch.ones(2)), torch.full((2,), 4.0))
+    assert compiled == []  # inside the trace: the plain function, no nested compile
+    assert torch.equal(wrapped(torch.ones(2)), torch.full((2,), 3.0)) and compiled == [{}]
+
+
+def test_training_imports_megatron_core_without_dynamo():
+    # The CPU backend's redirects are the first import of megatron-core in a training process.
+    script = """
+import sys, warnings
+warnings.simplefilter("ignore")
+from loong_core.devices import mcore_cpu
+mcore_cpu.apply()
+print("megatron.core" in sys.modules, "torch._dynamo" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["True", "False"]
+
+
+def test_loong_train_asks_to_exit_without_teardown():
+    args, _ = cli.build_parser().parse_known_args(["train", "experiment=llama_debug"])
+    assert args.exit_without_teardown is True

@@ -74,3 +74,22 @@ def test_factories_stay_inside_device_context_managers():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "['meta']"
+
+
+def test_checkpoint_write_results_stay_in_this_process():
+    import queue
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    from loong_core.engines.megatron import checkpointing
+
+    saved = filesystem_async._results_queue
+    try:
+        filesystem_async._results_queue = None
+        checkpointing._results_in_process()
+        made = filesystem_async._results_queue
+        assert isinstance(made, queue.Queue)  # not a multiprocessing manager's proxy
+        checkpointing._results_in_process()
+        assert filesystem_async._results_queue is made  # one queue per process
+    finally:
+        filesystem_async._results_queue = saved
