@@ -19,6 +19,8 @@ import functools
 import importlib
 from collections.abc import Callable, Iterator
 
+import torch
+
 
 def _compile_on_first_call(compile_fn: Callable, fn: Callable | None = None, **options):
     """What ``torch.compile(fn, **options)`` returns, compiled when first called."""
@@ -28,7 +30,7 @@ def _compile_on_first_call(compile_fn: Callable, fn: Callable | None = None, **o
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
-        if _tracing():
+        if torch.compiler.is_compiling():  # dynamo is tracing the caller: it traces fn itself
             return fn(*args, **kwargs)
         if not compiled:
             compiled.append(compile_fn(fn, **options))
@@ -37,21 +39,12 @@ def _compile_on_first_call(compile_fn: Callable, fn: Callable | None = None, **o
     return call
 
 
-def _tracing() -> bool:
-    """Whether dynamo is tracing the caller (constant-folded to True while it does)."""
-    import torch
-
-    return torch.compiler.is_compiling()
-
-
 @contextlib.contextmanager
 def compile_deferred() -> Iterator[None]:
     """Within the block, ``torch.compile(fn)`` wraps ``fn`` instead of setting up dynamo.
 
     Only for imports in a single thread: ``torch.compile`` is restored on exit.
     """
-    import torch
-
     real = torch.compile
     torch.compile = functools.partial(_compile_on_first_call, real)
     try:
