@@ -59,12 +59,14 @@ CASES = {  # name: (family, hf-to-loong flags, source dtype, config overrides)
     "qwen3_moe_bf16": ("qwen3_moe", [], "bfloat16", {}),
     "deepseek_v3_bf16": ("deepseek_v3", [], "bfloat16", {}),
     "deepseek_v3_half_split_rope": ("deepseek_v3", [], None, {"rope_interleave": False}),
+    "glm4_moe_bf16": ("glm4_moe", [], "bfloat16", {}),
 }
 SHARDED = {
     "qwen2_tp2": ("qwen2", ["--tp", "2"], None, {}),
     "llama_pp2": ("llama", ["--pp", "2"], None, {}),
     "qwen3_moe_ep2": ("qwen3_moe", ["--ep", "2"], None, {}),
     "deepseek_v3_tp2": ("deepseek_v3", ["--tp", "2"], None, {}),
+    "glm4_moe_tp2_ep2": ("glm4_moe", ["--tp", "2", "--ep", "2"], None, {}),
 }
 
 

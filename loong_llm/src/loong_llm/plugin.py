@@ -19,6 +19,9 @@ FAMILIES = {
     "deepseek_v3": ("DeepSeekV3Provider", "DeepSeekV3Config", "DeepSeekV3HFAdapter",
                     "DeepSeek-V3 style: MLA, shared + routed experts, sigmoid router with "
                     "aux-loss-free bias, first dense layers"),
+    "glm4_moe": ("Glm4MoEProvider", "Glm4MoEConfig", "Glm4MoEHFAdapter",
+                 "GLM-4.5/4.6: GQA with qkv bias and q/k RMSNorm, RoPE on half of each head, "
+                 "first dense layers, shared + sigmoid-routed experts with expert bias"),
 }
 
 

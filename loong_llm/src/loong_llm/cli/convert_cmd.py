@@ -17,7 +17,9 @@ def add_parser(subparsers) -> None:
         "trainer.init_from=DST. With --with-optimizer it also holds a fresh optimizer and LR "
         "schedule so that trainer.resume=DST works (about 3x the memory); give the run's optim.* / "
         "trainer.* settings as trailing KEY=VALUE overrides (e.g. optim.lr=3e-4 trainer.train_iters=1000).")
-    to_loong.add_argument("--family", required=True, help="model family (llama, qwen2, qwen3, ...)")
+    to_loong.add_argument("--family", default=None,
+                          help="model family (llama, qwen2, qwen3, ...; default: the one that "
+                               "reads config.json's model_type)")
     to_loong.add_argument("src", metavar="SRC_HF_DIR")
     to_loong.add_argument("dst", metavar="DST")
     to_loong.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
@@ -69,6 +71,14 @@ def _schedule(overrides: list[str]) -> dict:
 
 def run_hf_to_loong(args, extra) -> int:
     """Run ``loong convert hf-to-loong``."""
+    if args.family is None:
+        from pathlib import Path
+
+        from loong_llm.hf.adapter import read_hf_config
+        from loong_llm.hf.registry import family_for_model_type
+
+        args.family = family_for_model_type(read_hf_config(args.src).get("model_type"),
+                                            str(Path(args.src) / "config.json"))
     _check_family(args.family)
     from loong_llm.hf.convert import hf_to_loong
 

@@ -55,12 +55,14 @@ def load(hf: str | None = None, checkpoint: str | None = None, family: str | Non
     from loong_core.engines.megatron import parallel
     from loong_llm.hf import convert
     from loong_llm.hf.adapter import read_hf_config
+    from loong_llm.hf.registry import family_for_model_type
 
     if (hf is None) == (checkpoint is None):
         raise ConfigError("give exactly one of --hf DIR or --checkpoint DIR.")
     if hf is not None:
-        model_type = read_hf_config(hf).get("model_type")
-        family = family or _family_of(model_type)
+        if family is None:
+            family = family_for_model_type(read_hf_config(hf).get("model_type"),
+                                           str(Path(hf) / "config.json"))
         entry, _ = convert._model_entry(family)
         cfg = entry.load_meta("config")(name=family, init_from_hf=str(hf))
         files = Path(hf)
@@ -91,15 +93,6 @@ def load(hf: str | None = None, checkpoint: str | None = None, family: str | Non
         model.load_state_dict(loaded["model"], strict=True)
     model.eval()
     return LoadedModel(model, cfg, _tokenizer(files, tokenizer))
-
-
-def _family_of(model_type: str | None) -> str:
-    from loong_llm.hf.registry import family_names, get_adapter
-
-    for name in family_names():
-        if model_type in get_adapter(name).model_types:
-            return name
-    raise ConfigError(f"no family reads model_type {model_type!r}; pass --family.")
 
 
 def generate(lm: LoadedModel, prompt: str, max_new_tokens: int = 32) -> str:

@@ -3,7 +3,8 @@ code, no downloads) and a parity check of our model against transformers' logits
 
 Parity, one process per rank:
 ``torchrun --nproc-per-node N -m loong_llm.hf.testing OUT.json --tp T --pp P --ep E DIR...``
-(each DIR an HF model directory named after its family) writes ``{family: max_abs_diff}``.
+(each DIR an HF model directory named after its family) writes ``{family: relative_diff}``: the
+largest absolute logit difference divided by the largest absolute reference logit.
 """
 
 from __future__ import annotations
@@ -44,6 +45,12 @@ def hf_config(family: str, **overrides):
                                   first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=16,
                                   qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
                                   tie_word_embeddings=False, rope_interleave=True)
+    elif family == "glm4_moe":
+        cfg = tf.Glm4MoeConfig(**common, head_dim=32, attention_bias=True, use_qk_norm=True,
+                               moe_intermediate_size=32, n_shared_experts=1, n_routed_experts=4,
+                               num_experts_per_tok=2, n_group=2, topk_group=1,
+                               routed_scaling_factor=2.5, first_k_dense_replace=1,
+                               tie_word_embeddings=False)  # partial_rotary_factor 0.5 (default)
     else:
         raise ValueError(family)
     for key, value in overrides.items():
@@ -164,7 +171,7 @@ def parity_main(argv: list[str] | None = None) -> int:
         diff = torch.zeros(1, dtype=torch.float64)
         if ps.is_pipeline_last_stage():
             logits = gather_from_tensor_model_parallel_region(out[0])[..., : cfg.vocab_size]
-            diff[0] = (logits.float() - reference).abs().max().double()
+            diff[0] = ((logits.float() - reference).abs().max() / reference.abs().max()).double()
         torch.distributed.all_reduce(diff, op=torch.distributed.ReduceOp.MAX)
         results[family] = diff.item()
         ps.destroy_model_parallel()

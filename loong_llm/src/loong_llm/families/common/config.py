@@ -49,6 +49,9 @@ class DecoderConfig(ModelConfig):
         max_position_embeddings: Longest sequence.
         rotary_base: RoPE base frequency (HF ``rope_theta``).
         rope_scaling: RoPE frequency scaling (Llama 3.1).
+        rotary_percent: Fraction of each head's channels that RoPE rotates (the first ones; the
+            rest pass through): HF ``partial_rotary_factor`` (GLM-4.5: 0.5) or ``rotary_dim /
+            head_dim`` (MiniMax-M2).
         norm_epsilon: RMSNorm epsilon.
         init_method_std: Std of the normal initialisation.
         hidden_dropout: Dropout after attention / MLP.
@@ -76,6 +79,7 @@ class DecoderConfig(ModelConfig):
     max_position_embeddings: int = positive(2048)
     rotary_base: float = positive(10000.0)
     rope_scaling: RopeScalingConfig = field(default_factory=RopeScalingConfig)
+    rotary_percent: float = probability(1.0)
     norm_epsilon: float = positive(1.0e-5)
     init_method_std: float = positive(0.02)
     hidden_dropout: float = probability(0.0)
@@ -119,6 +123,11 @@ class DecoderConfig(ModelConfig):
         if p.sequence_parallel:
             divisible(run.data.seq_length, "data.seq_length", p.tensor_model_parallel_size, tp_key,
                       "sequence parallelism splits the sequence over tensor-parallel ranks")
+        if self.rotary_percent <= 0 or int(self.head_dim() * self.rotary_percent) % 2:
+            raise ConfigError(
+                f"'{path}.rotary_percent' = {self.rotary_percent} must rotate an even, positive "
+                f"number of the {self.head_dim()} channels of a head (head_dim * rotary_percent = "
+                f"{self.head_dim() * self.rotary_percent:g}).")
         if self.position_embedding_type == "mrope" and self.mrope_section is not None:
             if sum(self.mrope_section) != self.head_dim() // 2:
                 raise ConfigError(
@@ -134,6 +143,10 @@ class DecoderConfig(ModelConfig):
     def head_dim(self) -> int:
         """Per-head width of queries, keys and values."""
         return self.kv_channels or self.hidden_size // self.num_attention_heads
+
+    def rotary_dim(self) -> int:
+        """Channels of a head that RoPE rotates (``head_dim * rotary_percent``)."""
+        return int(self.head_dim() * self.rotary_percent)
 
     def padded_vocab_size(self, tensor_parallel: int) -> int:
         """Embedding rows: ``vocab_size`` rounded up to a multiple of ``make_vocab_size_divisible_by``

@@ -31,9 +31,22 @@ def rope_from_hf(hf: dict) -> tuple[float, RopeScalingConfig]:
         original_max_position_embeddings=int(params["original_max_position_embeddings"]))
 
 
+def rotary_percent_from_hf(hf: dict) -> float:
+    """Fraction of a head that RoPE rotates: ``partial_rotary_factor`` (in ``rope_parameters``
+    with transformers 5, at the top level before), else MiniMax's ``rotary_dim / head_dim``."""
+    params = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+    factor = params.get("partial_rotary_factor", hf.get("partial_rotary_factor"))
+    if factor is None and hf.get("rotary_dim"):
+        head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
+        factor = hf["rotary_dim"] / head_dim
+    return float(factor if factor is not None else 1.0)
+
+
 def rope_to_hf(cfg) -> dict:
     """``rope_parameters`` of transformers 5."""
     out: dict[str, Any] = {"rope_type": cfg.rope_scaling.rope_type, "rope_theta": cfg.rotary_base}
+    if cfg.rotary_percent != 1.0:
+        out["partial_rotary_factor"] = cfg.rotary_percent
     if cfg.rope_scaling.rope_type == "llama3":
         s = cfg.rope_scaling
         out.update(factor=s.factor, low_freq_factor=s.low_freq_factor,
@@ -57,7 +70,8 @@ class DecoderHFAdapter(HFAdapter):
             kv_channels=hf.get("head_dim") or hf["hidden_size"] // heads,
             ffn_hidden_size=hf["intermediate_size"], vocab_size=hf["vocab_size"],
             max_position_embeddings=hf.get("max_position_embeddings", 2048),
-            rotary_base=base, rope_scaling=scaling, norm_epsilon=hf.get("rms_norm_eps", 1e-6),
+            rotary_base=base, rope_scaling=scaling, rotary_percent=rotary_percent_from_hf(hf),
+            norm_epsilon=hf.get("rms_norm_eps", 1e-6),
             untie_embeddings_and_output_weights=not hf.get("tie_word_embeddings", False),
         )
 

@@ -155,3 +155,46 @@ def expert_rules(hf_mlp: str = "model.layers.{i}.mlp.") -> list[Rule]:
         Rule(ex + "linear_fc1.weight", (hx + "gate_proj.weight", hx + "up_proj.weight"), "gate_up"),
         Rule(ex + "linear_fc2.weight", (hx + "down_proj.weight",)),
     ]
+
+
+def deepseek_moe_from_hf(hf: dict) -> dict:
+    """MoE fields of a DeepSeek-V3-style HF config (DeepSeek-V3/V3.2, GLM-4.5): ``n_routed_experts``
+    with ``moe_intermediate_size`` each, ``n_shared_experts`` of that width, dense layers before
+    ``first_k_dense_replace``, ``routed_scaling_factor`` and group-limited routing."""
+    layers, dense = hf["num_hidden_layers"], hf.get("first_k_dense_replace", 0) or 0
+    return dict(
+        num_experts=hf["n_routed_experts"], moe_router_topk=hf["num_experts_per_tok"],
+        moe_ffn_hidden_size=hf["moe_intermediate_size"],
+        moe_shared_expert_intermediate_size=(hf.get("n_shared_experts") or 0) * hf["moe_intermediate_size"],
+        moe_layer_freq=[0 if i < dense else 1 for i in range(layers)],
+        moe_router_topk_scaling_factor=hf.get("routed_scaling_factor", 1.0),
+        moe_router_num_groups=hf.get("n_group"), moe_router_group_topk=hf.get("topk_group"),
+    )
+
+
+def deepseek_moe_to_hf(cfg) -> dict:
+    """The inverse of :func:`deepseek_moe_from_hf`."""
+    pattern = moe_layer_pattern(cfg)
+    expert = cfg.moe_ffn_hidden_size or cfg.resolved_ffn_hidden_size()
+    return dict(
+        moe_intermediate_size=expert, n_routed_experts=cfg.num_experts,
+        num_experts_per_tok=cfg.moe_router_topk,
+        n_shared_experts=cfg.moe_shared_expert_intermediate_size // expert,
+        first_k_dense_replace=pattern.index(1) if 1 in pattern else cfg.num_layers,
+        routed_scaling_factor=cfg.moe_router_topk_scaling_factor or 1.0,
+        n_group=cfg.moe_router_num_groups or 1, topk_group=cfg.moe_router_group_topk or 1,
+        norm_topk_prob=True,
+    )
+
+
+def deepseek_moe_rules() -> list[Rule]:
+    """Routed experts, router with its ``e_score_correction_bias`` and ``mlp.shared_experts`` of
+    a DeepSeek-V3-style HF layer (the dense first layers keep the dense MLP rules)."""
+    m, hm = "decoder.layers.{i}.mlp.", "model.layers.{i}.mlp."
+    return [
+        *expert_rules(),
+        Rule(m + "router.expert_bias", (hm + "gate.e_score_correction_bias",)),
+        Rule(m + "shared_experts.linear_fc1.weight",
+             (hm + "shared_experts.gate_proj.weight", hm + "shared_experts.up_proj.weight"), "gate_up"),
+        Rule(m + "shared_experts.linear_fc2.weight", (hm + "shared_experts.down_proj.weight",)),
+    ]

@@ -135,9 +135,10 @@ class DecoderProvider(ModelProvider):
             share_embeddings_and_output_weights=not c.untie_embeddings_and_output_weights,
             position_embedding_type=c.position_embedding_type,
             rotary_base=c.rotary_base,
+            rotary_percent=c.rotary_percent,
             vp_stage=vp_stage,
         )
-        rope.apply_to_model(model, c.head_dim(), c.rotary_base, c.rope_scaling)
+        rope.apply_to_model(model, c.rotary_dim(), c.rotary_base, c.rope_scaling)
         return model
 
     def initialize_weights(self, chunks: list[Any]) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from loong_core.errors import ConfigError
 from loong_llm.families.common.hf_adapter import DecoderHFAdapter, rope_from_hf
-from loong_llm.families.common.moe import expert_rules, moe_layer_pattern
+from loong_llm.families.common.moe import deepseek_moe_from_hf, deepseek_moe_rules, deepseek_moe_to_hf
 from loong_llm.hf.mapping import Rule
 
 L = "decoder.layers.{i}."
@@ -30,10 +30,8 @@ class DeepSeekV3HFAdapter(DecoderHFAdapter):
                               "the 'deepseek_v3' family.")
         if not hf.get("q_lora_rank"):
             raise ConfigError("DeepSeek checkpoints without q_lora_rank (V2-Lite) are not supported.")
-        layers, dense = hf["num_hidden_layers"], hf.get("first_k_dense_replace", 0) or 0
-        shared = hf.get("n_shared_experts") or 0
         return dict(
-            num_layers=layers, hidden_size=hf["hidden_size"],
+            num_layers=hf["num_hidden_layers"], hidden_size=hf["hidden_size"],
             num_attention_heads=hf["num_attention_heads"], ffn_hidden_size=hf["intermediate_size"],
             vocab_size=hf["vocab_size"], max_position_embeddings=hf.get("max_position_embeddings", 4096),
             rotary_base=base, rope_scaling=scaling, norm_epsilon=hf.get("rms_norm_eps", 1e-6),
@@ -41,21 +39,14 @@ class DeepSeekV3HFAdapter(DecoderHFAdapter):
             q_lora_rank=hf["q_lora_rank"], kv_lora_rank=hf["kv_lora_rank"],
             qk_head_dim=hf["qk_nope_head_dim"], qk_pos_emb_head_dim=hf["qk_rope_head_dim"],
             v_head_dim=hf["v_head_dim"], rope_interleave=bool(hf.get("rope_interleave", True)),
-            num_experts=hf["n_routed_experts"], moe_router_topk=hf["num_experts_per_tok"],
-            moe_ffn_hidden_size=hf["moe_intermediate_size"],
-            moe_shared_expert_intermediate_size=shared * hf["moe_intermediate_size"],
-            moe_layer_freq=[0 if i < dense else 1 for i in range(layers)],
-            moe_router_topk_scaling_factor=hf.get("routed_scaling_factor", 1.0),
-            moe_router_num_groups=hf.get("n_group"), moe_router_group_topk=hf.get("topk_group"),
+            **deepseek_moe_from_hf(hf),
         )
 
     def config_to_hf(self, cfg) -> dict:
-        pattern = moe_layer_pattern(cfg)
-        expert = cfg.moe_ffn_hidden_size or cfg.resolved_ffn_hidden_size()
         return dict(
             num_hidden_layers=cfg.num_layers, hidden_size=cfg.hidden_size,
             num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_attention_heads,
-            intermediate_size=cfg.resolved_ffn_hidden_size(), moe_intermediate_size=expert,
+            intermediate_size=cfg.resolved_ffn_hidden_size(),
             vocab_size=cfg.vocab_size, max_position_embeddings=cfg.max_position_embeddings,
             rope_parameters={"rope_type": "default", "rope_theta": cfg.rotary_base},
             rms_norm_eps=cfg.norm_epsilon,
@@ -63,12 +54,7 @@ class DeepSeekV3HFAdapter(DecoderHFAdapter):
             q_lora_rank=cfg.q_lora_rank, kv_lora_rank=cfg.kv_lora_rank,
             qk_nope_head_dim=cfg.qk_head_dim, qk_rope_head_dim=cfg.qk_pos_emb_head_dim,
             v_head_dim=cfg.v_head_dim, rope_interleave=cfg.rope_interleave,
-            n_routed_experts=cfg.num_experts, num_experts_per_tok=cfg.moe_router_topk,
-            n_shared_experts=cfg.moe_shared_expert_intermediate_size // expert,
-            first_k_dense_replace=pattern.index(1) if 1 in pattern else cfg.num_layers,
-            routed_scaling_factor=cfg.moe_router_topk_scaling_factor or 1.0,
-            n_group=cfg.moe_router_num_groups or 1, topk_group=cfg.moe_router_group_topk or 1,
-            norm_topk_prob=True, hidden_act="silu", attention_bias=False,
+            **deepseek_moe_to_hf(cfg), hidden_act="silu", attention_bias=False,
         )
 
     def attention_rules(self, cfg) -> list[Rule]:
@@ -87,13 +73,4 @@ class DeepSeekV3HFAdapter(DecoderHFAdapter):
         ]
 
     def mlp_rules(self, cfg) -> list[Rule]:
-        m, hm = L + "mlp.", H + "mlp."
-        return [
-            *super().mlp_rules(cfg),  # the dense first layers
-            *expert_rules(),
-            Rule(m + "router.expert_bias", (hm + "gate.e_score_correction_bias",)),
-            Rule(m + "shared_experts.linear_fc1.weight",
-                 (hm + "shared_experts.gate_proj.weight", hm + "shared_experts.up_proj.weight"),
-                 "gate_up"),
-            Rule(m + "shared_experts.linear_fc2.weight", (hm + "shared_experts.down_proj.weight",)),
-        ]
+        return [*super().mlp_rules(cfg), *deepseek_moe_rules()]  # dense first layers, then MoE
