@@ -80,23 +80,24 @@ def reference_run(tiny, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def family_curve(tmp_path_factory):
-    """``family -> (overrides, losses)``: the one-rank 5-step curve of ``experiment=<family>_debug``
-    from a saved one-step checkpoint (layouts that initialise weights differently start from it),
-    built once per family and session."""
+    """``(family, *extra overrides) -> (overrides, losses)``: the one-rank 5-step curve of
+    ``experiment=<family>_debug`` from a saved one-step checkpoint (layouts that initialise
+    weights differently start from it), built once per family, overrides and session."""
     from loong_core.testing import losses, run_train
 
     logging = list(TINY_OVERRIDES[-4:])
-    done: dict[str, tuple[list[str], dict]] = {}
+    done: dict[tuple, tuple[list[str], dict]] = {}
 
-    def get(family: str):
-        if family not in done:
+    def get(family: str, *extra: str):
+        key = (family, *extra)
+        if key not in done:
             root = tmp_path_factory.mktemp(f"{family}_curve")
-            base = [f"experiment={family}_debug", *logging]
+            base = [f"experiment={family}_debug", *logging, *extra]
             run_train([*base, f"trainer.run_dir={root / 'init'}", "trainer.train_iters=1"])
             common = [*base, f"trainer.train_iters={CURVE_STEPS}", "optim.lr_decay_iters=20",
                       f"trainer.init_from={root / 'init' / 'checkpoints' / 'iter_0000001'}"]
             run_train([*common, f"trainer.run_dir={root / 'ref'}"])
-            done[family] = (common, losses(root / "ref"))
-        return done[family]
+            done[key] = (common, losses(root / "ref"))
+        return done[key]
 
     return get

@@ -59,7 +59,18 @@ CASES = {  # name: (family, hf-to-loong flags, source dtype, config overrides)
     "qwen3_moe_bf16": ("qwen3_moe", [], "bfloat16", {}),
     "deepseek_v3_bf16": ("deepseek_v3", [], "bfloat16", {}),
     "deepseek_v3_half_split_rope": ("deepseek_v3", [], None, {"rope_interleave": False}),
+    "deepseek_v3_yarn": ("deepseek_v3", [], "bfloat16", {"rope_parameters": {
+        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0,
+        "original_max_position_embeddings": 4096, "beta_fast": 32, "beta_slow": 1, "mscale": 1.0,
+        "mscale_all_dim": 1.0}, "max_position_embeddings": 163840}),
+    "deepseek_v2_bf16": ("deepseek_v2", [], "bfloat16", {}),
+    "deepseek_v2_lite": ("deepseek_v2", [], None, {"q_lora_rank": None}),
+    "qwen3_yarn": ("qwen3", [], None, {"rope_parameters": {
+        "rope_type": "yarn", "rope_theta": 1000000.0, "factor": 4.0,
+        "original_max_position_embeddings": 32768}, "max_position_embeddings": 131072}),
+    "deepseek_v32_bf16": ("deepseek_v32", [], "bfloat16", {}),
     "glm4_moe_bf16": ("glm4_moe", [], "bfloat16", {}),
+    "minimax_m2_bf16": ("minimax_m2", [], "bfloat16", {}),
 }
 SHARDED = {
     "qwen2_tp2": ("qwen2", ["--tp", "2"], None, {}),
@@ -67,6 +78,7 @@ SHARDED = {
     "qwen3_moe_ep2": ("qwen3_moe", ["--ep", "2"], None, {}),
     "deepseek_v3_tp2": ("deepseek_v3", ["--tp", "2"], None, {}),
     "glm4_moe_tp2_ep2": ("glm4_moe", ["--tp", "2", "--ep", "2"], None, {}),
+    "minimax_m2_tp2": ("minimax_m2", ["--tp", "2"], None, {}),
 }
 
 

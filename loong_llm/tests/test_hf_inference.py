@@ -43,14 +43,11 @@ def model(tmp_path_factory):
     return directory, root / "text.txt", tok, text
 
 
-def test_perplexity_matches_transformers(model):
+def _transformers_perplexity(directory, ids: list[int]) -> tuple[float, int]:
+    """Perplexity of ``ids`` in windows of SEQ tokens by transformers' model in ``directory``."""
     import torch
     import transformers as tf
 
-    directory, text_file, tok, text = model
-    got = json.loads(loong("eval", "perplexity", "--hf", str(directory), "--text", str(text_file),
-                           "--seq-length", str(SEQ), "--json"))
-    ids = tok.encode(text).ids
     ref = tf.AutoModelForCausalLM.from_pretrained(directory).eval()
     nll, count = 0.0, 0
     with torch.no_grad():
@@ -59,8 +56,31 @@ def test_perplexity_matches_transformers(model):
             logits = ref(chunk[:, :-1]).logits[0]
             nll += float(torch.nn.functional.cross_entropy(logits, chunk[0, 1:], reduction="sum"))
             count += chunk.shape[1] - 1
+    return math.exp(nll / count), count
+
+
+def test_perplexity_matches_transformers(model):
+    directory, text_file, tok, text = model
+    got = json.loads(loong("eval", "perplexity", "--hf", str(directory), "--text", str(text_file),
+                           "--seq-length", str(SEQ), "--json"))
+    ids = tok.encode(text).ids
+    perplexity, count = _transformers_perplexity(directory, ids)
     assert got["tokens"] == count == len(ids) - 1
-    assert got["perplexity"] == pytest.approx(math.exp(nll / count), rel=1e-5)
+    assert got["perplexity"] == pytest.approx(perplexity, rel=1e-5)
+
+
+@pytest.mark.parametrize("family", ["deepseek_v32", "glm4_moe", "minimax_m2"])
+def test_new_families_evaluate_like_transformers_with_the_family_from_config(model, tmp_path, family):
+    """``loong eval perplexity --hf DIR`` (no --family) on each newer family's HF folder."""
+    _, text_file, tok, text = model
+    directory = write_hf_model(family, tmp_path / family, seed=4)
+    tok.save(str(directory / "tokenizer.json"))
+    got = json.loads(loong("eval", "perplexity", "--hf", str(directory), "--text", str(text_file),
+                           "--seq-length", str(SEQ), "--json"))
+    perplexity, _ = _transformers_perplexity(directory, tok.encode(text).ids)
+    assert got["perplexity"] == pytest.approx(perplexity, rel=1e-5)
+    generated = loong("generate", "--hf", str(directory), "--prompt", PROMPT, "--max-new-tokens", "4")
+    assert generated.startswith(PROMPT)
 
 
 def test_perplexity_prints_one_line(model):

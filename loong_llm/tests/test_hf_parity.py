@@ -12,12 +12,28 @@ import sys
 import pytest
 
 from loong_llm.hf.convert import free_port
-from loong_llm.hf.testing import write_hf_model
+from loong_llm.hf.testing import set_parity_seq_length, write_hf_model
 
-FAMILIES = ["llama", "qwen2", "qwen3", "qwen3_moe", "deepseek_v3", "glm4_moe"]
-MOE = ["qwen3_moe", "deepseek_v3", "glm4_moe"]
+FAMILIES = ["llama", "qwen2", "qwen3", "qwen3_moe", "deepseek_v3", "deepseek_v32", "glm4_moe", "minimax_m2",
+            "deepseek_v2"]
+MOE = ["qwen3_moe", "deepseek_v3", "deepseek_v32", "glm4_moe", "minimax_m2", "deepseek_v2"]
 LAYOUTS = {"tp1": (1, []), "tp2": (2, ["--tp", "2"]), "pp2": (2, ["--pp", "2"]),
            "ep2": (2, ["--ep", "2"])}
+YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+        "original_max_position_embeddings": 16}
+LONG = 64  # tokens of the YaRN cases: 4x the original context
+# variant dir -> (family, config overrides, sequence length): extra dirs of the tp1 job only
+VARIANTS = {
+    # MLA YaRN at 64 tokens, 4x its original context; mscale != mscale_all_dim: an attention
+    # factor != 1 on cos/sin and the softmax scale times mscale(factor, mscale_all_dim)^2
+    "deepseek_v3+yarn": ("deepseek_v3", {"rope_parameters": {
+        **YARN, "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.8},
+        "max_position_embeddings": LONG}, LONG),
+    # GQA YaRN (Qwen3 long-context style: attention factor 0.1 ln(factor) + 1 on q and k)
+    "qwen3+yarn": ("qwen3", {"rope_parameters": YARN, "max_position_embeddings": LONG}, LONG),
+    # DeepSeek-V2-Lite style: no q_lora_rank, megatron-core MLA's full query projection
+    "deepseek_v2+lite": ("deepseek_v2", {"q_lora_rank": None}, 16),
+}
 TOLERANCE = 1e-5  # relative: max |loong - transformers| / max |transformers|
 
 
@@ -25,7 +41,10 @@ TOLERANCE = 1e-5  # relative: max |loong - transformers| / max |transformers|
 def hf_dirs(tmp_path_factory):
     """One tiny random HF model per family, in a directory named after it."""
     root = tmp_path_factory.mktemp("hf")
-    return {family: write_hf_model(family, root / family, seed=i) for i, family in enumerate(FAMILIES)}
+    dirs = {family: write_hf_model(family, root / family, seed=i) for i, family in enumerate(FAMILIES)}
+    for name, (family, overrides, seq) in VARIANTS.items():
+        dirs[name] = set_parity_seq_length(write_hf_model(family, root / name, seed=7, **overrides), seq)
+    return dirs
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +56,8 @@ def parity(hf_dirs, tmp_path_factory):
         if layout not in cache:
             nproc, flags = LAYOUTS[layout]
             families = MOE if layout == "ep2" else FAMILIES
+            if layout == "tp1":
+                families = [*families, *VARIANTS]
             out = tmp_path_factory.mktemp("parity") / f"{layout}.json"
             cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
                    "--master-port", str(free_port()), "-m", "loong_llm.hf.testing", str(out),
@@ -53,6 +74,11 @@ def parity(hf_dirs, tmp_path_factory):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_logits_match_transformers_at_tp1(parity, family):
     assert parity("tp1")[family] < TOLERANCE
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_variant_logits_match_transformers_at_tp1(parity, variant):
+    assert parity("tp1")[variant] < TOLERANCE
 
 
 @pytest.mark.multirank

@@ -19,9 +19,18 @@ FAMILIES = {
     "deepseek_v3": ("DeepSeekV3Provider", "DeepSeekV3Config", "DeepSeekV3HFAdapter",
                     "DeepSeek-V3 style: MLA, shared + routed experts, sigmoid router with "
                     "aux-loss-free bias, first dense layers"),
+    "deepseek_v32": ("DeepSeekV32Provider", "DeepSeekV32Config", "DeepSeekV32HFAdapter",
+                     "DeepSeek-V3.2: DeepSeek-V3 with DeepSeek sparse attention (lightning indexer, "
+                     "top-k keys per query, indexer KL loss)"),
+    "deepseek_v2": ("DeepSeekV2Provider", "DeepSeekV2Config", "DeepSeekV2HFAdapter",
+                    "DeepSeek-V2 / V2-Lite: MLA (full query projection without q_lora_rank), "
+                    "shared + softmax-routed experts (no expert bias), first dense layers"),
     "glm4_moe": ("Glm4MoEProvider", "Glm4MoEConfig", "Glm4MoEHFAdapter",
                  "GLM-4.5/4.6: GQA with qkv bias and q/k RMSNorm, RoPE on half of each head, "
                  "first dense layers, shared + sigmoid-routed experts with expert bias"),
+    "minimax_m2": ("MiniMaxM2Provider", "MiniMaxM2Config", "MiniMaxM2HFAdapter",
+                   "MiniMax-M2: GQA with whole-projection q/k RMSNorm, partial RoPE, every layer "
+                   "sigmoid-routed experts with expert bias, no shared expert"),
 }
 
 

@@ -3,8 +3,11 @@ code, no downloads) and a parity check of our model against transformers' logits
 
 Parity, one process per rank:
 ``torchrun --nproc-per-node N -m loong_llm.hf.testing OUT.json --tp T --pp P --ep E DIR...``
-(each DIR an HF model directory named after its family) writes ``{family: relative_diff}``: the
-largest absolute logit difference divided by the largest absolute reference logit.
+(each DIR an HF model directory named after its family, or ``FAMILY+VARIANT`` for a variant of
+it) writes ``{dir name: relative_diff}``: the largest absolute logit difference divided by the
+largest absolute reference logit. The sequence has 16 tokens unless the directory holds a
+``loong_parity.json`` asking for more (:func:`set_parity_seq_length`; YaRN past its original
+context).
 """
 
 from __future__ import annotations
@@ -45,12 +48,31 @@ def hf_config(family: str, **overrides):
                                   first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=16,
                                   qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
                                   tie_word_embeddings=False, rope_interleave=True)
+    elif family == "deepseek_v32":  # index_topk 6 < the 16-token parity sequence: sparse
+        cfg = tf.DeepseekV32Config(**{**common, "num_key_value_heads": 4}, moe_intermediate_size=32,
+                                   n_shared_experts=1, n_routed_experts=4, num_experts_per_tok=2,
+                                   n_group=2, topk_group=1, routed_scaling_factor=2.5,
+                                   first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=16,
+                                   qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+                                   index_topk=6, index_head_dim=16, index_n_heads=2,
+                                   tie_word_embeddings=False)
+    elif family == "deepseek_v2":  # V2-Lite-like with q_lora_rank=None as an override
+        cfg = tf.DeepseekV2Config(**{**common, "num_key_value_heads": 4}, moe_intermediate_size=32,
+                                  n_shared_experts=1, n_routed_experts=4, num_experts_per_tok=2,
+                                  topk_method="greedy", routed_scaling_factor=2.5,
+                                  first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=16,
+                                  qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+                                  tie_word_embeddings=False)
     elif family == "glm4_moe":
         cfg = tf.Glm4MoeConfig(**common, head_dim=32, attention_bias=True, use_qk_norm=True,
                                moe_intermediate_size=32, n_shared_experts=1, n_routed_experts=4,
                                num_experts_per_tok=2, n_group=2, topk_group=1,
                                routed_scaling_factor=2.5, first_k_dense_replace=1,
                                tie_word_embeddings=False)  # partial_rotary_factor 0.5 (default)
+    elif family == "minimax_m2":
+        cfg = tf.MiniMaxM2Config(**common, head_dim=32, rotary_dim=16, num_local_experts=4,  # partial RoPE
+                                 num_experts_per_tok=2, tie_word_embeddings=False,
+                                 bos_token_id=1, eos_token_id=2)
     else:
         raise ValueError(family)
     for key, value in overrides.items():
@@ -101,6 +123,19 @@ def write_hf_model(family: str, directory: Path, seed: int = 0, dtype=None, **ov
     model.save_pretrained(directory)
     return directory
 
+PARITY_FILE = "loong_parity.json"
+
+
+def set_parity_seq_length(hf_dir: Path, seq_length: int) -> Path:
+    """Ask the parity check for ``seq_length`` tokens on ``hf_dir`` (default 16)."""
+    (Path(hf_dir) / PARITY_FILE).write_text(json.dumps({"seq_length": seq_length}))
+    return Path(hf_dir)
+
+
+def parity_seq_length(hf_dir: Path) -> int:
+    """The sequence length of the parity check of ``hf_dir``."""
+    path = Path(hf_dir) / PARITY_FILE
+    return json.loads(path.read_text())["seq_length"] if path.exists() else 16
 
 
 def parity_main(argv: list[str] | None = None) -> int:
@@ -123,7 +158,7 @@ def parity_main(argv: list[str] | None = None) -> int:
     expected = {}
     for hf_dir in map(Path, args.dirs):
         ref = tf.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
-        tokens = torch.randint(0, ref.config.vocab_size, (2, 16),
+        tokens = torch.randint(0, ref.config.vocab_size, (2, parity_seq_length(hf_dir)),
                                generator=torch.Generator().manual_seed(0))
         with torch.no_grad():
             expected[hf_dir.name] = (tokens, ref(tokens).logits)
@@ -142,7 +177,7 @@ def parity_main(argv: list[str] | None = None) -> int:
                        expert_model_parallel_size=args.ep)
     results = {}
     for hf_dir in map(Path, args.dirs):
-        family = hf_dir.name
+        family = hf_dir.name.split("+")[0]
         entry = registry.get("model", family)
         cfg = entry.load_meta("config")(name=family, init_from_hf=str(hf_dir))
         provider = entry.load()(cfg)
@@ -152,8 +187,9 @@ def parity_main(argv: list[str] | None = None) -> int:
                                               ps.is_pipeline_last_stage(), None)
         provider.initialize_weights([model])
         model.eval()
-        tokens, reference = expected[family]
-        positions = torch.arange(16).expand(2, 16)
+        tokens, reference = expected[hf_dir.name]
+        seq = tokens.shape[1]
+        positions = torch.arange(seq).expand(2, seq)
 
         def step(_it, m, tokens=tokens, positions=positions):
             out = m(tokens, positions, None)
@@ -166,14 +202,14 @@ def parity_main(argv: list[str] | None = None) -> int:
         with torch.no_grad():
             out = get_forward_backward_func()(
                 forward_step_func=step, data_iterator=iter([None]), model=[model],
-                num_microbatches=1, seq_length=16, micro_batch_size=2, forward_only=True,
+                num_microbatches=1, seq_length=seq, micro_batch_size=2, forward_only=True,
                 collect_non_loss_data=True)
         diff = torch.zeros(1, dtype=torch.float64)
         if ps.is_pipeline_last_stage():
             logits = gather_from_tensor_model_parallel_region(out[0])[..., : cfg.vocab_size]
             diff[0] = ((logits.float() - reference).abs().max() / reference.abs().max()).double()
         torch.distributed.all_reduce(diff, op=torch.distributed.ReduceOp.MAX)
-        results[family] = diff.item()
+        results[hf_dir.name] = diff.item()
         ps.destroy_model_parallel()
     if torch.distributed.get_rank() == 0:
         Path(args.out).write_text(json.dumps(results))

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal, Optional, Union
 
-from loong_core.config.rules import at_most, divisible, non_negative, positive, probability
+from loong_core.config.rules import at_most, bounded, divisible, non_negative, positive, probability
 from loong_core.config.schema import ModelConfig
 from loong_core.errors import ConfigError
 from loong_llm.lora import LoraConfig
@@ -17,20 +17,36 @@ class RopeScalingConfig:
     """RoPE frequency scaling, with Hugging Face's ``rope_parameters`` names.
 
     Attributes:
-        rope_type: ``default`` (none) or ``llama3`` (Llama 3.1 long-context scaling).
-        factor: Scaling factor (``llama3``).
+        rope_type: ``default`` (none), ``llama3`` (Llama 3.1 long-context scaling) or ``yarn``
+            (YaRN: DeepSeek-V3, Qwen3 long-context checkpoints).
+        factor: Scaling factor (``llama3``, ``yarn``).
         low_freq_factor: Wavelengths above ``original_max_position_embeddings / low_freq_factor``
             are divided by ``factor``.
         high_freq_factor: Wavelengths below ``original_max_position_embeddings / high_freq_factor``
             are kept; those between are interpolated.
         original_max_position_embeddings: Context length of pre-training before scaling.
+        beta_fast: ``yarn``: rotations above which a frequency is kept (None: HF default 32).
+        beta_slow: ``yarn``: rotations below which a frequency is divided by ``factor``
+            (None: HF default 1).
+        mscale: ``yarn``: numerator coefficient of the attention factor (with ``mscale_all_dim``).
+        mscale_all_dim: ``yarn``: denominator coefficient of the attention factor; MLA also
+            multiplies its softmax scale by ``(0.1 * mscale_all_dim * ln(factor) + 1)^2``.
+        attention_factor: ``yarn``: scale of cos and sin (None: derived from ``factor`` and the
+            mscales as transformers does).
+        truncate: ``yarn``: round the correction range to whole dimensions (None: true).
     """
 
-    rope_type: Literal["default", "llama3"] = "default"
+    rope_type: Literal["default", "llama3", "yarn"] = "default"
     factor: float = positive(8.0)
     low_freq_factor: float = positive(1.0)
     high_freq_factor: float = positive(4.0)
     original_max_position_embeddings: int = positive(8192)
+    beta_fast: Optional[float] = None
+    beta_slow: Optional[float] = None
+    mscale: Optional[float] = None
+    mscale_all_dim: Optional[float] = None
+    attention_factor: Optional[float] = positive(None)
+    truncate: Optional[bool] = None
 
 
 @dataclass
@@ -79,7 +95,7 @@ class DecoderConfig(ModelConfig):
     max_position_embeddings: int = positive(2048)
     rotary_base: float = positive(10000.0)
     rope_scaling: RopeScalingConfig = field(default_factory=RopeScalingConfig)
-    rotary_percent: float = probability(1.0)
+    rotary_percent: float = bounded(1.0, gt=0, le=1)
     norm_epsilon: float = positive(1.0e-5)
     init_method_std: float = positive(0.02)
     hidden_dropout: float = probability(0.0)

@@ -21,14 +21,34 @@ def rope_from_hf(hf: dict) -> tuple[float, RopeScalingConfig]:
     rope_type = params.get("rope_type", params.get("type", "default")) or "default"
     if rope_type == "default":
         return base, RopeScalingConfig()
+    if rope_type == "yarn":
+        return base, yarn_from_hf(hf, params)
     if rope_type != "llama3":
         raise ConfigError(f"RoPE type {rope_type!r} in config.json is not supported (supported: "
-                          f"default, llama3).")
+                          f"default, llama3, yarn).")
     return base, RopeScalingConfig(
         rope_type="llama3", factor=float(params["factor"]),
         low_freq_factor=float(params["low_freq_factor"]),
         high_freq_factor=float(params["high_freq_factor"]),
         original_max_position_embeddings=int(params["original_max_position_embeddings"]))
+
+
+YARN_OPTIONAL = ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor", "truncate")
+
+
+def yarn_from_hf(hf: dict, params: dict) -> RopeScalingConfig:
+    """The ``yarn`` scaling of ``rope_parameters``; optional keys that are absent stay None (so
+    that they stay absent on export)."""
+    old_len = params.get("original_max_position_embeddings", hf.get("original_max_position_embeddings"))
+    if old_len is None:
+        raise ConfigError("rope_parameters.rope_type='yarn' in config.json needs "
+                          "'original_max_position_embeddings'.")
+    factor = params.get("factor")
+    if factor is None:
+        raise ConfigError("rope_parameters.rope_type='yarn' in config.json needs 'factor'.")
+    return RopeScalingConfig(rope_type="yarn", factor=float(factor),
+                             original_max_position_embeddings=int(old_len),
+                             **{k: params[k] for k in YARN_OPTIONAL if params.get(k) is not None})
 
 
 def rotary_percent_from_hf(hf: dict) -> float:
@@ -52,6 +72,10 @@ def rope_to_hf(cfg) -> dict:
         out.update(factor=s.factor, low_freq_factor=s.low_freq_factor,
                    high_freq_factor=s.high_freq_factor,
                    original_max_position_embeddings=s.original_max_position_embeddings)
+    if cfg.rope_scaling.rope_type == "yarn":
+        s = cfg.rope_scaling
+        out.update(factor=s.factor, original_max_position_embeddings=s.original_max_position_embeddings)
+        out.update({k: getattr(s, k) for k in YARN_OPTIONAL if getattr(s, k) is not None})
     return out
 
 

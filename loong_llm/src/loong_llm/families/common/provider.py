@@ -84,7 +84,7 @@ class DecoderProvider(ModelProvider):
         from loong_core.engines.megatron.seam import spec as seam_spec
 
         c = self.config
-        return self.transformer_config_class()(
+        config = self.transformer_config_class()(
             num_layers=c.num_layers,
             hidden_size=c.hidden_size,
             num_attention_heads=c.num_attention_heads,
@@ -111,6 +111,9 @@ class DecoderProvider(ModelProvider):
             **self.position_kwargs(),
             **parallel_kwargs,
         )
+        if not config.multi_latent_attention:  # MLA takes YaRN through its own config fields
+            rope.set_attention_factor(config, c.rope_scaling)
+        return config
 
     def layer_spec(self, config, vp_stage):
         """megatron-core layer (or block) spec: local modules, RMSNorm, optional q/k norm."""

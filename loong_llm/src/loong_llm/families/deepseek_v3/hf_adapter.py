@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from loong_core.errors import ConfigError
-from loong_llm.families.common.hf_adapter import DecoderHFAdapter, rope_from_hf
+from loong_llm.families.common.hf_adapter import DecoderHFAdapter, rope_from_hf, rope_to_hf
 from loong_llm.families.common.moe import deepseek_moe_from_hf, deepseek_moe_rules, deepseek_moe_to_hf
 from loong_llm.hf.mapping import Rule
 
@@ -22,9 +22,9 @@ class DeepSeekV3HFAdapter(DecoderHFAdapter):
 
     def config_from_hf(self, hf: dict) -> dict:
         base, scaling = rope_from_hf(hf)
-        if scaling.rope_type != "default":
-            raise ConfigError("DeepSeek-V3 with YaRN RoPE scaling is not supported yet; use a "
-                              "checkpoint with default RoPE (rope_parameters.rope_type=default).")
+        if scaling.rope_type not in ("default", "yarn"):
+            raise ConfigError(f"rope_parameters.rope_type={scaling.rope_type!r} is not supported by "
+                              f"the '{self.family}' family (MLA); it reads default and yarn.")
         if not hf.get("norm_topk_prob", True) or hf.get("attention_bias"):
             raise ConfigError("norm_topk_prob=false / attention_bias=true are not supported by "
                               "the 'deepseek_v3' family.")
@@ -48,7 +48,7 @@ class DeepSeekV3HFAdapter(DecoderHFAdapter):
             num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_attention_heads,
             intermediate_size=cfg.resolved_ffn_hidden_size(),
             vocab_size=cfg.vocab_size, max_position_embeddings=cfg.max_position_embeddings,
-            rope_parameters={"rope_type": "default", "rope_theta": cfg.rotary_base},
+            rope_parameters=rope_to_hf(cfg),
             rms_norm_eps=cfg.norm_epsilon,
             tie_word_embeddings=not cfg.untie_embeddings_and_output_weights,
             q_lora_rank=cfg.q_lora_rank, kv_lora_rank=cfg.kv_lora_rank,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from loong_core.errors import ConfigError
+from loong_llm.families.common import rope
 from loong_llm.families.common.moe import MoEProvider
 from loong_llm.families.deepseek_v3.config import DeepSeekV3Config
 
@@ -38,7 +40,39 @@ class DeepSeekV3Provider(MoEProvider):
         return {**super().family_transformer_kwargs(), "q_lora_rank": c.q_lora_rank,
                 "kv_lora_rank": c.kv_lora_rank, "qk_head_dim": c.qk_head_dim,
                 "qk_pos_emb_head_dim": c.qk_pos_emb_head_dim, "v_head_dim": c.v_head_dim,
-                "rope_type": "rope", "rotary_base": c.rotary_base}
+                "rotary_base": c.rotary_base, **self.rope_kwargs()}
+
+    def rope_kwargs(self) -> dict[str, Any]:
+        """MLA's RoPE fields: plain ``rope``, or megatron-core's ``yarn`` with transformers'
+        values (its softmax scale gets ``mscale(factor, mscale_all_dim)^2`` as transformers'
+        does; ``mscale`` is the one giving transformers' attention factor, see
+        :func:`loong_llm.families.common.rope.mcore_mscale`)."""
+        s = self.config.rope_scaling
+        if s.rope_type == "default":
+            return {"rope_type": "rope"}
+        if s.rope_type != "yarn":
+            raise ConfigError(f"'model.rope_scaling.rope_type' = {s.rope_type!r} is not supported "
+                              f"by the '{self.family}' family (MLA). Choices: default, yarn.")
+        all_dim = float(s.mscale_all_dim or 0.0)
+        return {"rope_type": "yarn", "rotary_scaling_factor": s.factor,
+                "original_max_position_embeddings": s.original_max_position_embeddings,
+                "beta_fast": float(s.beta_fast or 32), "beta_slow": float(s.beta_slow or 1),
+                "mscale": rope.mcore_mscale(s, all_dim), "mscale_all_dim": all_dim}
+
+    def build_megatron_model(self, config, pre_process, post_process, vp_stage):
+        """The model, with YaRN's ``truncate=false`` (unrounded correction range) given to each
+        layer's rotary embedding (megatron-core's MLA does not pass it on)."""
+        model = super().build_megatron_model(config, pre_process, post_process, vp_stage)
+        if self.config.rope_scaling.rope_type == "yarn" and self.config.rope_scaling.truncate is False:
+            from megatron.core.models.common.embeddings.yarn_rotary_pos_embedding import (
+                YarnRotaryEmbedding,
+            )
+
+            for module in model.modules():
+                if isinstance(module, YarnRotaryEmbedding):
+                    module.correction_range_round_to_int = False
+                    module.forward.cache_clear()
+        return model
 
     def layer_spec(self, config, vp_stage):
         """The block spec with megatron-core's MLA, whose core attention is the kernel seam's
