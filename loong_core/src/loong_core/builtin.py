@@ -43,7 +43,7 @@ def loong_register_cli_commands(register):
 
 @hookimpl
 def loong_register_kernels(register):
-    from loong_core.kernels.ops import COMPILE_AUTO_MIN_STEPS_CPU, OPS
+    from loong_core.kernels.ops import COMPILE_AUTO_MIN_STEPS_CPU, NO_COMPILE, OPS
 
     for op in OPS:
         if op == "attention":
@@ -52,6 +52,8 @@ def loong_register_kernels(register):
         register(f"{op}:torch", reference, reference=reference,
                  available="loong_core.kernels.availability:always",
                  description="torch reference (plain autograd)")
+        if op in NO_COMPILE:
+            continue
         register(f"{op}:compile", f"loong_core.kernels.compiled:{op}", reference=reference,
                  available="loong_core.kernels.availability:compile_available",
                  auto_on=("cpu",), auto_priority=10, auto_min_steps=COMPILE_AUTO_MIN_STEPS_CPU,

@@ -15,6 +15,8 @@ TRITON_OPS = {
     "layer_norm_modulate": "LayerNorm then * (1 + scale) + shift (adaLN)",
     "cross_entropy": "vocab-parallel cross entropy with label smoothing",
     "linear_cross_entropy": "output projection + cross entropy over token x vocab tiles",
+    "sparse_attention": "DeepSeek sparse attention over the selected keys, online softmax, LSE backward",
+    "indexer_topk": "lightning-indexer scores tile by tile (tl.dot per head), top-k per query chunk",
 }
 
 

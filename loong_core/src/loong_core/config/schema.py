@@ -295,6 +295,9 @@ class KernelsConfig:
         linear_cross_entropy: The loss fused with the output layer; any backend but ``torch``
             makes the megatron engine compute the loss from hidden states and the output
             weight, never holding all ``[tokens, vocab]`` logits (``chunked`` runs on CPU).
+        sparse_attention: DeepSeek sparse attention over the indexer's selected keys
+            (``deepseek_v32``): ``torch`` (chunked) or ``triton``.
+        indexer_topk: The lightning indexer's scores and causal top-k (``deepseek_v32``).
         attention: Core attention: ``sdpa`` (the plain backend: torch SDPA, GQA without
             repeated K/V, packed documents / vision windows per segment), ``flex``
             (FlexAttention block masks, compiled) or ``eager`` (explicit scores and a dense
@@ -307,6 +310,8 @@ class KernelsConfig:
     layer_norm_modulate: str = "auto"
     cross_entropy: str = "auto"
     linear_cross_entropy: str = "auto"
+    sparse_attention: str = "auto"
+    indexer_topk: str = "auto"
     attention: str = "auto"
 
 

@@ -230,3 +230,21 @@ def check_segment_ids(sq: int, sk: int, segment_ids, kv_segment_ids):
                          f"ids of length {kv.shape[-1]} for {sq} queries and {sk} keys; pass "
                          "kv_segment_ids [b, sk] when the keys are not the queries' tokens.")
     return segment_ids, kv
+
+
+def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indices: torch.Tensor,
+                     scale: float) -> torch.Tensor:
+    """DeepSeek sparse attention: each query over the keys ``indices [b, s, topk]`` selects
+    (``q, k [s, b, h, d]``, ``v [s, b, h, dv]`` -> ``[s, b, h, dv]``); chunked, no ``[s, s]``
+    matrix (:mod:`loong_core.kernels.sparse_attention`)."""
+    from loong_core.kernels import sparse_attention as dsa
+
+    return dsa.sparse_attention(q, k, v, indices, scale)
+
+
+def indexer_topk(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, topk: int) -> torch.Tensor:
+    """The lightning indexer's causal top-k keys ``[b, s, min(topk, s)]`` of ``q [s, b, H, D]``,
+    ``k [s, b, D]``, ``w [s, b, H]`` (:mod:`loong_core.kernels.sparse_attention`)."""
+    from loong_core.kernels import sparse_attention as dsa
+
+    return dsa.indexer_topk(q, k, w, topk)

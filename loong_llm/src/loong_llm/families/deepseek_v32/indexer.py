@@ -4,14 +4,17 @@ the top-k keys are the ones the main attention reads.
 ``score[i, j] = sum_h w[i, h] * relu(q[i, h] . k[j])`` with ``q`` from the compressed query
 (``q_a_layernorm(q_a_proj(x))``), one shared key ``LayerNorm(wk(x))`` and per-head weights from
 ``x``; RoPE (rotate-half) on the first ``qk_pos_emb_head_dim`` channels of ``q`` and ``k``. The
-top-k is taken a chunk of queries at a time, so no ``[s, s]`` score matrix exists at once.
+scores and their causal top-k are the kernel seam's ``indexer_topk`` op (chunked torch reference
+in :mod:`loong_core.kernels.sparse_attention`, or ``triton``), so no ``[s, s]`` score matrix
+exists at once.
 """
 
 from __future__ import annotations
 
 import torch
 
-from loong_llm.families.deepseek_v32.sparse_attention import CHUNK_ELEMENTS
+from loong_core import kernels
+from loong_core.kernels.sparse_attention import indexer_scores
 
 
 def _rotate_half_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -64,24 +67,14 @@ class LightningIndexer(torch.nn.Module):
     def scores(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """``[b, c, t]`` scores of the queries ``q [c, b, H, D]`` (weights ``w [c, b, H]``)
         against the keys ``k [t, b, D]``."""
-        return torch.einsum("cbh,cbht->bct", w, torch.relu(torch.einsum("cbhd,tbd->cbht", q, k)))
+        return indexer_scores(q, k, w)
 
     @torch.no_grad()
     def topk(self, q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, topk: int) -> torch.Tensor:
-        """``[b, s, min(topk, s)]`` int64: each query's highest-scoring keys at or before it
-        (a query with fewer earlier keys than ``topk`` also lists later ones; attention ignores
-        them)."""
-        s = q.shape[0]
-        k_top = min(topk, s)
-        step = max(1, min(s, CHUNK_ELEMENTS // s))
-        out = torch.empty(q.shape[1], s, k_top, dtype=torch.long, device=q.device)
-        for start in range(0, s, step):
-            end = min(s, start + step)
-            scores = self.scores(q[start:end], k, w[start:end])
-            future = torch.arange(s, device=q.device)[None, :] > torch.arange(start, end, device=q.device)[:, None]
-            scores = scores.masked_fill(future.unsqueeze(0), float("-inf"))
-            out[:, start:end] = scores.topk(k_top, dim=-1).indices
-        return out
+        """``[b, s, min(topk, s)]`` int64: each query's highest-scoring keys at or before it, best
+        first (a query with fewer earlier keys than ``topk`` also lists later ones; attention
+        ignores them)."""
+        return kernels.get("indexer_topk")(q, k, w, topk)
 
     def selected_scores(self, q, k, w, indices: torch.Tensor) -> torch.Tensor:
         """``[b, s, topk]`` scores of the selected keys, differentiable in the indexer's
