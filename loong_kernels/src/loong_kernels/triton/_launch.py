@@ -33,6 +33,11 @@ def programs_for(rows: int, device: torch.device) -> int:
     return max(1, min(rows, _CPU_PROGRAMS))
 
 
+def tile_for(device: torch.device, gpu: int = 64, interpreter: int = 16) -> int:
+    """Side of a square 2-D tile: ``gpu`` on CUDA, a small one in Triton's interpreter (CPU)."""
+    return gpu if device.type == "cuda" else interpreter
+
+
 def as_rows(x: torch.Tensor) -> torch.Tensor:
     """``x`` viewed as ``[rows, last dim]`` with a unit stride in the last dim (copies only if needed)."""
     if x.stride(-1) != 1:

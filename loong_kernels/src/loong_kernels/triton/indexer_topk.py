@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from loong_core.kernels.sparse_attention import CHUNK_ELEMENTS
-from loong_kernels.triton._launch import block_for
+from loong_kernels.triton._launch import block_for, tile_for
 
 
 @triton.jit
@@ -39,10 +39,6 @@ def _scores(Q, K, W, OUT, start, rows, cols, S, H, D,
     tl.store(OUT + (b * rows + m)[:, None] * cols + n[None, :], acc, mask=in_m[:, None] & in_n[None, :])
 
 
-def _tiles(device: torch.device) -> tuple[int, int]:
-    return (64, 64) if device.type == "cuda" else (16, 16)
-
-
 @torch.no_grad()
 def indexer_topk(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, topk: int) -> torch.Tensor:
     """Each query's ``topk`` highest-scoring keys at or before it.
@@ -61,7 +57,7 @@ def indexer_topk(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, topk: int) -
     qb = q.transpose(0, 1).contiguous()
     kb, wb = k.transpose(0, 1).contiguous(), w.transpose(0, 1).contiguous()
     out = torch.empty(b, s, k_top, dtype=torch.long, device=q.device)
-    block_m, block_n = _tiles(q.device)
+    block_m = block_n = tile_for(q.device)
     step = max(block_m, min(s, CHUNK_ELEMENTS // max(b * s, 1)) // block_m * block_m)
     for start in range(0, s, step):
         end = min(s, start + step)
