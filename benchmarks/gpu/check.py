@@ -32,10 +32,12 @@ import torch  # noqa: E402
 from loong_core.kernels import reference  # noqa: E402
 from loong_kernels.chunked.linear_cross_entropy import linear_cross_entropy as chunked_lce  # noqa: E402
 from loong_kernels.triton.cross_entropy import cross_entropy  # noqa: E402
+from loong_kernels.triton.indexer_topk import indexer_topk  # noqa: E402
 from loong_kernels.triton.layer_norm_modulate import layer_norm_modulate  # noqa: E402
 from loong_kernels.triton.linear_cross_entropy import linear_cross_entropy  # noqa: E402
 from loong_kernels.triton.rms_norm import rms_norm  # noqa: E402
 from loong_kernels.triton.rope import rope  # noqa: E402
+from loong_kernels.triton.sparse_attention import sparse_attention  # noqa: E402
 from loong_kernels.triton.swiglu import swiglu  # noqa: E402
 
 DEVICE = torch.device("cpu" if DRY else "cuda")
@@ -66,6 +68,9 @@ def _cases(dtype: torch.dtype) -> list[tuple]:
     labels = torch.randint(0, v, (r,), device=DEVICE)
     odd_r, odd_h = (1000, 3000) if big else (7, 37)
     hidden = 2048 if big else 16
+    ds, dh, topk = (4096, 16, 2048) if big else (21, 2, 7)  # DeepSeek sparse attention
+    idx = _dsa_selection(ds, topk)
+    sparse = lambda impl: lambda q, k, v: impl(q, k, v, idx, 96 ** -0.5)  # noqa: E731
     return [
         ("rms_norm", lambda x, w: rms_norm(x, w, 1e-6), lambda x, w: reference.rms_norm(x, w, 1e-6),
          [t(r, h), t(h)], {}),
@@ -91,7 +96,35 @@ def _cases(dtype: torch.dtype) -> list[tuple]:
          lambda x, w: reference.linear_cross_entropy(x, w, labels), [t(r, hidden), 0.02 * t(v, hidden)], {}),
         ("linear_cross_entropy chunked", lambda x, w: chunked_lce(x, w, labels),
          lambda x, w: reference.linear_cross_entropy(x, w, labels), [t(r, hidden), 0.02 * t(v, hidden)], {}),
+        (f"sparse_attention top-{topk} of {ds}", sparse(sparse_attention), sparse(reference.sparse_attention),
+         [t(ds, 1, dh, 96), t(ds, 1, dh, 96), t(ds, 1, dh, 64)], {}),
     ]
+
+
+def _dsa_selection(s: int, topk: int) -> torch.Tensor:
+    """``[1, s, topk]`` causal top-k of random lightning-indexer scores (the torch reference)."""
+    gen = torch.Generator(device=DEVICE).manual_seed(1)
+    q, k, w = (torch.randn(*shape, device=DEVICE, generator=gen) for shape in
+               ((s, 1, 4, 64), (s, 1, 64), (s, 1, 4)))
+    return reference.indexer_topk(q, k, w, topk)
+
+
+def indexer_correctness() -> list[str]:
+    """indexer_topk:triton vs the reference: the same causal keys up to ties (scores compared)."""
+    from loong_core.kernels.sparse_attention import indexer_scores
+
+    s, topk = (4096, 2048) if not DRY else (21, 5)
+    gen = torch.Generator(device=DEVICE).manual_seed(2)
+    q, k, w = (torch.randn(*shape, device=DEVICE, generator=gen) for shape in
+               ((s, 1, 4, 64), (s, 1, 64), (s, 1, 4)))
+    got, want = indexer_topk(q, k, w, topk), reference.indexer_topk(q, k, w, topk)
+    causal = torch.arange(s, device=DEVICE).view(1, -1, 1)
+    valid = want <= causal
+    scores = indexer_scores(q, k, w)
+    error = _relative_error(scores.gather(-1, got)[valid], scores.gather(-1, want)[valid])
+    passed = torch.equal(got <= causal, valid) and error <= LIMIT[torch.float32]
+    return [f"indexer_topk top-{topk} of {s}", "float32", f"{error:.2e} (selected scores)", "-",
+            "ok" if passed else "FAIL"]
 
 
 def _run(fn, inputs, cotangents=None):
@@ -124,6 +157,8 @@ def correctness() -> bool:
             ok &= passed
             rows.append([name, str(dtype).replace("torch.", ""), f"{max(errors[:len(outs)]):.2e}",
                          f"{max(errors[len(outs):]):.2e}", "ok" if passed else "FAIL"])
+    rows.append(indexer_correctness())
+    ok &= rows[-1][-1] == "ok"
     print("correctness: largest |kernel - reference| / largest |reference|, outputs and input gradients "
           f"(limit bf16 {LIMIT[torch.bfloat16]:.2e}, fp32 {LIMIT[torch.float32]:.0e})")
     print(_table(["kernel", "dtype", "output", "gradients", "result"], rows))

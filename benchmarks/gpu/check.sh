@@ -12,6 +12,9 @@
 #   bash benchmarks/gpu/check.sh --dry-run       # anywhere: tiny shapes on CPU in Triton's interpreter
 #   bash benchmarks/gpu/check.sh --build-wheels  # on a machine with PyPI: fill benchmarks/gpu/wheels/
 #   bash benchmarks/gpu/check.sh --install       # only install what part 3 lacks from the wheels
+#   bash benchmarks/gpu/check.sh --dsa           # on the GPU machine, a second call (~4 minutes):
+#       DeepSeek sparse attention, dense MLA-shaped attention (eager, SDPA) vs DSA (torch references,
+#       Triton kernels), time and peak memory at 4k/8k/16k/32k, bf16 (benchmarks/dsa.py)
 #
 # Parts 1 and 2 need only torch + triton and this repository's sources (put on PYTHONPATH). Part 3
 # runs `loong train`, which needs loong_core / loong_llm / loong_kernels installed (editable, for
@@ -94,12 +97,20 @@ case "${1:-}" in
   --dry-run)
     export PYTHONPATH="$ROOT/loong_core/src:$ROOT/loong_kernels/src${PYTHONPATH:+:$PYTHONPATH}"
     export LOONG_CACHE="${LOONG_CACHE:-$(mktemp -d)/loong-cache}"
-    "$PY" benchmarks/gpu/check.py all --dry-run
+    "$PY" benchmarks/gpu/check.py all --dry-run || exit $?
+    TRITON_INTERPRET=1 PYTHONPATH="$ROOT/loong_llm/src:$PYTHONPATH" "$PY" benchmarks/dsa.py \
+      --lengths 64 --topk 16 --repeats 1 --arms dense-eager dense-sdpa dsa-torch dsa-triton
+    exit $?
+    ;;
+  --dsa)
+    echo "== DeepSeek sparse attention (dense vs DSA, bf16, 4k-32k)"
+    PYTHONPATH="$ROOT/loong_core/src:$ROOT/loong_kernels/src:$ROOT/loong_llm/src${PYTHONPATH:+:$PYTHONPATH}" \
+      timeout 420 "$PY" benchmarks/dsa.py --device cuda --dtype bf16 --max-gb 100 --repeats 3
     exit $?
     ;;
   "") ;;
   *)
-    echo "usage: $0 [--dry-run | --build-wheels | --install]" >&2
+    echo "usage: $0 [--dry-run | --dsa | --build-wheels | --install]" >&2
     exit 2
     ;;
 esac

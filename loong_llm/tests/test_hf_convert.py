@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from loong_core.testing import losses, run_train
-from loong_llm.hf.testing import write_hf_model
+from loong_llm.hf.testing import add_mtp_layers, write_hf_model
 
 
 def loong(*args: str, timeout: float = 600) -> str:
@@ -82,11 +82,22 @@ SHARDED = {
 }
 
 
-def _round_trip(tmp_path, family, flags, dtype, overrides):
+# Multi-token prediction layers stored with the model (DeepSeek-V3, GLM-4.5: the copies of the
+# embedding and output head in each MTP layer are written back too): case -> (family, flags,
+# source dtype, depth).
+MTP_CASES = {
+    "deepseek_v3_mtp_bf16": ("deepseek_v3", [], "bfloat16", 1),
+    "glm4_moe_mtp2_tp2_ep2": ("glm4_moe", ["--tp", "2", "--ep", "2"], None, 2),
+}
+
+
+def _round_trip(tmp_path, family, flags, dtype, overrides, mtp_depth=0):
     import torch
 
     src = write_hf_model(family, tmp_path / "src", seed=3,
                          dtype=getattr(torch, dtype) if dtype else None, **overrides)
+    if mtp_depth:
+        add_mtp_layers(src, mtp_depth)
     loong("convert", "hf-to-loong", "--family", family, str(src), str(tmp_path / "ckpt"), *flags)
     loong("convert", "loong-to-hf", str(tmp_path / "ckpt"), str(tmp_path / "out"))
     assert_same_model(src, tmp_path / "out")
@@ -110,6 +121,13 @@ def sharded_round_trips(tmp_path_factory):
 @pytest.mark.parametrize("case", list(CASES))
 def test_round_trip_is_bit_exact(tmp_path, case):
     _round_trip(tmp_path, *CASES[case])
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.multirank) if MTP_CASES[c][1] else c
+                                  for c in MTP_CASES])
+def test_round_trip_with_mtp_layers_is_bit_exact(tmp_path, case):
+    family, flags, dtype, depth = MTP_CASES[case]
+    _round_trip(tmp_path, family, flags, dtype, {}, mtp_depth=depth)
 
 
 @pytest.mark.multirank

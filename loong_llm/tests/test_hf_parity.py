@@ -1,6 +1,7 @@
 """Our families compute the same function as transformers' reference: logits of a tiny random
 model loaded through ``model.init_from_hf`` match within 1e-5 relative to the largest logit (fp32)
-at TP1, TP2, PP2 and EP2."""
+at TP1, TP2, PP2 and EP2; with multi-token prediction layers stored (DeepSeek-V3, GLM-4.5), so do
+each depth's logits, computed from transformers' modules (TP1, TP2, EP2)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import sys
 import pytest
 
 from loong_llm.hf.convert import free_port
-from loong_llm.hf.testing import set_parity_seq_length, write_hf_model
+from loong_llm.hf.testing import add_mtp_layers, set_parity_seq_length, write_hf_model
 
 FAMILIES = ["llama", "qwen2", "qwen3", "qwen3_moe", "deepseek_v3", "deepseek_v32", "glm4_moe", "minimax_m2",
             "deepseek_v2"]
@@ -34,6 +35,8 @@ VARIANTS = {
     # DeepSeek-V2-Lite style: no q_lora_rank, megatron-core MLA's full query projection
     "deepseek_v2+lite": ("deepseek_v2", {"q_lora_rank": None}, 16),
 }
+# MTP dir -> (family, depth): the tp1, tp2 and ep2 jobs (megatron-core's MTP needs no PP here)
+MTP = {"deepseek_v3+mtp": ("deepseek_v3", 1), "glm4_moe+mtp": ("glm4_moe", 2)}
 TOLERANCE = 1e-5  # relative: max |loong - transformers| / max |transformers|
 
 
@@ -44,6 +47,8 @@ def hf_dirs(tmp_path_factory):
     dirs = {family: write_hf_model(family, root / family, seed=i) for i, family in enumerate(FAMILIES)}
     for name, (family, overrides, seq) in VARIANTS.items():
         dirs[name] = set_parity_seq_length(write_hf_model(family, root / name, seed=7, **overrides), seq)
+    for name, (family, depth) in MTP.items():
+        dirs[name] = add_mtp_layers(write_hf_model(family, root / name, seed=8), depth)
     return dirs
 
 
@@ -58,6 +63,8 @@ def parity(hf_dirs, tmp_path_factory):
             families = MOE if layout == "ep2" else FAMILIES
             if layout == "tp1":
                 families = [*families, *VARIANTS]
+            if layout != "pp2":
+                families = [*families, *MTP]
             out = tmp_path_factory.mktemp("parity") / f"{layout}.json"
             cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
                    "--master-port", str(free_port()), "-m", "loong_llm.hf.testing", str(out),
@@ -92,3 +99,10 @@ def test_logits_match_transformers_when_sharded(parity, family, layout):
 @pytest.mark.parametrize("family", MOE)
 def test_moe_logits_match_transformers_at_ep2(parity, family):
     assert parity("ep2")[family] < TOLERANCE
+
+
+@pytest.mark.parametrize("layout", ["tp1", pytest.param("tp2", marks=pytest.mark.multirank),
+                                    pytest.param("ep2", marks=pytest.mark.multirank)])
+@pytest.mark.parametrize("name", list(MTP))
+def test_mtp_logits_match_transformers(parity, name, layout):
+    assert parity(layout)[name] < TOLERANCE

@@ -42,7 +42,7 @@ def export_state(adapter, cfg, state: dict, out_dir: str | Path, dtype: str = "b
     matched = {}
     for name in names:
         try:
-            matched[name] = rules.match(name)
+            matched[name] = rules.export_names(name)
         except KeyError:
             raise CheckpointError(f"no HF mapping for {name!r} in the '{adapter.family}' "
                                   f"family.") from None

@@ -31,9 +31,8 @@ def global_names(chunk) -> dict[str, str]:
             continue
         out = _LAYER.sub(lambda m: f"decoder.layers.{offsets[int(m.group(1))]}.", name)
         m = _EXPERT.search(out)
-        if m:
-            layer = layers[int(_LAYER.match(name).group(1))]
-            local = layer.mlp.experts.num_local_experts
+        if m:  # the experts module of a decoder layer or of an MTP layer's transformer layer
+            local = chunk.get_submodule(name[: m.start()] + ".experts").num_local_experts
             out = _EXPERT.sub(f".experts.local_experts.{ep_rank * local + int(m.group(1))}.", out)
         names[name] = out
     return names

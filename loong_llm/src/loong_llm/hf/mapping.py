@@ -35,6 +35,9 @@ class Rule:
         kind: Transform (see module docstring).
         export: Whether loong -> HF writes it (False for the tied output layer).
         block: Rows per block (``rope_rows`` only).
+        also: Further HF names written with the same tensor on export and never read (the
+            copies of the embedding and output head DeepSeek-V3's MTP layers carry); only for
+            rules of one HF tensor.
     """
 
     loong: str
@@ -42,6 +45,7 @@ class Rule:
     kind: str = "copy"
     export: bool = True
     block: int = 0
+    also: tuple[str, ...] = ()
 
     def regex(self) -> re.Pattern:
         """Pattern matching concrete loong names of this rule."""
@@ -84,6 +88,12 @@ class RuleSet:
                 values = m.groupdict()
                 return rule, [h.format(**values) for h in rule.hf]
         raise KeyError(loong_name)
+
+    def export_names(self, loong_name: str) -> tuple[Rule, list[str]]:
+        """Like :meth:`match`, with the rule's ``also`` copies after its HF names."""
+        rule, names = self.match(loong_name)
+        values = rule.regex().match(loong_name).groupdict()
+        return rule, [*names, *(a.format(**values) for a in rule.also)]
 
     def _rope_perm(self, rule: Rule, inverse: bool):
         import torch
@@ -128,7 +138,11 @@ class RuleSet:
         raise ValueError(f"unknown mapping kind {rule.kind!r}; kinds: {', '.join(KINDS)}")
 
     def to_hf(self, rule: Rule, full) -> list:
-        """HF tensors (in ``rule.hf`` order) from the full loong tensor."""
+        """HF tensors (in ``rule.hf`` order, then the ``also`` copies) from the full loong tensor."""
+        tensors = self._to_hf(rule, full)
+        return tensors + tensors[:1] * len(rule.also)
+
+    def _to_hf(self, rule: Rule, full) -> list:
         if rule.kind == "copy":
             return [full]
         if rule.kind == "vocab":

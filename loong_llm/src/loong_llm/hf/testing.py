@@ -123,6 +123,157 @@ def write_hf_model(family: str, directory: Path, seed: int = 0, dtype=None, **ov
     model.save_pretrained(directory)
     return directory
 
+def add_mtp_layers(hf_dir: Path, depth: int = 1, seed: int = 1) -> Path:
+    """Give an HF directory of an MTP family (DeepSeek-V3, GLM-4.5) ``depth`` random
+    multi-token-prediction layers as those checkpoints store them (transformers drops them):
+    ``model.layers.{N+k}.`` ``enorm``, ``hnorm``, ``eh_proj``, ``shared_head.norm``, a decoder
+    layer of the family (transformers' own class) and copies of the embedding and output head
+    (``embed_tokens``, ``shared_head.head``), in ``mtp.safetensors``; config.json gets
+    ``num_nextn_predict_layers``."""
+    import torch
+    import transformers as tf
+    from safetensors.torch import load_file, save_file
+
+    hf_dir = Path(hf_dir)
+    config = tf.AutoConfig.from_pretrained(hf_dir)
+    main = {}
+    for path in sorted(hf_dir.glob("*.safetensors")):
+        main.update(load_file(path))
+    dtype = main["model.embed_tokens.weight"].dtype
+    head = main.get("lm_head.weight", main["model.embed_tokens.weight"])
+    layer_cls = type(tf.AutoModelForCausalLM.from_config(config).model.layers[-1])
+    torch.manual_seed(seed)
+    tensors, h = {}, config.hidden_size
+    for k in range(depth):
+        n = config.num_hidden_layers + k
+        layer = layer_cls(config, n)
+        weights = {f"{name}": p for name, p in layer.state_dict().items()}
+        weights.update({"enorm.weight": torch.empty(h), "hnorm.weight": torch.empty(h),
+                        "shared_head.norm.weight": torch.empty(h), "eh_proj.weight": torch.empty(h, 2 * h)})
+        for name, value in weights.items():
+            if name.endswith("correction_bias"):
+                value = 0.1 * torch.randn(value.shape)
+            elif "norm" in name:
+                value = 1.0 + 0.1 * torch.randn(value.shape)
+            else:
+                value = 0.1 * torch.randn(value.shape)
+            tensors[f"model.layers.{n}.{name}"] = value.to(dtype).contiguous()
+        _split_fused_experts(tensors, f"model.layers.{n}.mlp.experts.")
+        tensors[f"model.layers.{n}.embed_tokens.weight"] = main["model.embed_tokens.weight"].clone()
+        tensors[f"model.layers.{n}.shared_head.head.weight"] = head.clone()
+    save_file(tensors, hf_dir / "mtp.safetensors", metadata={"format": "pt"})
+    config_path = hf_dir / "config.json"
+    hf = json.loads(config_path.read_text())
+    hf["num_nextn_predict_layers"] = depth
+    config_path.write_text(json.dumps(hf, indent=2))
+    return hf_dir
+
+
+def _split_fused_experts(tensors: dict, prefix: str) -> None:
+    """transformers' fused expert parameters (``gate_up_proj [E, 2I, H]``, ``down_proj
+    [E, H, I]``) under ``prefix`` as checkpoints store them, one ``experts.{e}.*_proj.weight``
+    each (what ``save_pretrained`` writes)."""
+    gate_up, down = tensors.pop(prefix + "gate_up_proj", None), tensors.pop(prefix + "down_proj", None)
+    if gate_up is None:
+        return
+    for e, (gu, d) in enumerate(zip(gate_up, down)):
+        gate, up = gu.chunk(2, dim=0)
+        for name, value in (("gate_proj", gate), ("up_proj", up), ("down_proj", d)):
+            tensors[f"{prefix}{e}.{name}.weight"] = value.contiguous()
+
+
+def _fuse_experts(tensors: dict, layer) -> dict:
+    """The inverse of :func:`_split_fused_experts` where ``layer`` has fused experts."""
+    import torch
+
+    state = layer.state_dict()
+    if "mlp.experts.gate_up_proj" not in state:
+        return tensors
+    count = state["mlp.experts.gate_up_proj"].shape[0]
+    part = {n: t for n, t in tensors.items() if not n.startswith("mlp.experts.")}
+    part["mlp.experts.gate_up_proj"] = torch.stack(
+        [torch.cat([tensors[f"mlp.experts.{e}.gate_proj.weight"],
+                    tensors[f"mlp.experts.{e}.up_proj.weight"]]) for e in range(count)])
+    part["mlp.experts.down_proj"] = torch.stack(
+        [tensors[f"mlp.experts.{e}.down_proj.weight"] for e in range(count)])
+    return part
+
+
+def mtp_depth(hf_dir: Path) -> int:
+    """MTP layers stored in an HF directory (0: none)."""
+    from loong_llm.hf.io import SafetensorsReader
+
+    layers = json.loads((Path(hf_dir) / "config.json").read_text())["num_hidden_layers"]
+    keys, depth = set(SafetensorsReader(hf_dir).keys()), 0
+    while f"model.layers.{layers + depth}.eh_proj.weight" in keys:
+        depth += 1
+    return depth
+
+
+def mtp_reference_logits(model, hf_dir: Path, tokens) -> list:
+    """Logits ``[b, s, v]`` of each MTP depth of ``hf_dir`` from transformers' modules: depth
+    ``k`` takes the previous depth's output (the decoder's normed output for the first),
+    ``RMSNorm``-ed, next to the normed embedding of the tokens shifted by ``k + 1``, through
+    ``eh_proj``, one decoder layer (causal, positions ``0..s-1``), ``shared_head.norm`` and the
+    output head (positions whose shifted token is past the end hold no prediction)."""
+    import torch
+    from safetensors.torch import load_file
+
+    cfg = model.config
+    weights = load_file(Path(hf_dir) / "mtp.safetensors")
+    norm_cls, layer_cls = type(model.model.norm), type(model.model.layers[-1])
+    b, s = tokens.shape
+    positions = torch.arange(s).expand(b, s)
+    causal = torch.full((s, s), float("-inf")).triu(1).expand(b, 1, s, s)
+    with torch.no_grad():
+        hidden = model.model(tokens).last_hidden_state
+        out = []
+        for k in range(mtp_depth(hf_dir)):
+            prefix = f"model.layers.{cfg.num_hidden_layers + k}."
+            part = {n[len(prefix):]: t.float() for n, t in weights.items() if n.startswith(prefix)}
+            enorm, hnorm, final = (norm_cls(cfg.hidden_size, eps=cfg.rms_norm_eps) for _ in range(3))
+            for name, module in (("enorm", enorm), ("hnorm", hnorm), ("shared_head.norm", final)):
+                module.load_state_dict({"weight": part[name + ".weight"]})
+            layer = layer_cls(cfg, cfg.num_hidden_layers + k)
+            state = _fuse_experts(part, layer)
+            layer.load_state_dict({n: t for n, t in state.items() if n in layer.state_dict()})
+            shifted = torch.roll(tokens, -(k + 1), dims=1)
+            x = torch.cat([enorm(model.model.embed_tokens(shifted)), hnorm(hidden)], -1)
+            x = x @ part["eh_proj.weight"].T
+            x = layer(x, attention_mask=causal, position_ids=positions,
+                      position_embeddings=model.model.rotary_emb(x, positions))
+            hidden = final(x)
+            out.append(hidden @ part["shared_head.head.weight"].T)
+    return out
+
+
+def mtp_loss_diff(model, tokens, positions, mtp_reference: list) -> float:
+    """Relative difference of the MTP loss a training forward of ``model`` records
+    (``SeamGPTModel.mtp_last_loss``: labels the next tokens, the last position masked) and the
+    cross entropy of the reference logits of each depth ``k`` at the positions whose target,
+    token ``i + 2 + k``, lies in the sequence (one pipeline stage)."""
+    import torch
+
+    seq = tokens.shape[1]
+    labels, mask = torch.roll(tokens, -1, dims=1), torch.ones(tokens.shape)
+    mask[:, -1] = 0
+    model.train()
+    with torch.no_grad():
+        model(tokens, positions, None, labels=labels, loss_mask=mask)
+    model.eval()
+    total, count = model.mtp_last_loss
+    ref_total, ref_count = 0.0, 0
+    for k, logits in enumerate(mtp_reference):
+        n = seq - 2 - k
+        target = tokens[:, 2 + k: 2 + k + n]
+        logp = logits[:, :n].float().log_softmax(-1)
+        ref_total -= logp.gather(-1, target[..., None]).sum().item()
+        ref_count += target.numel()
+    assert count.item() == ref_count, (count.item(), ref_count)
+    want = ref_total / ref_count
+    return abs(total.item() / count.item() - want) / want
+
+
 PARITY_FILE = "loong_parity.json"
 
 
@@ -162,6 +313,8 @@ def parity_main(argv: list[str] | None = None) -> int:
                                generator=torch.Generator().manual_seed(0))
         with torch.no_grad():
             expected[hf_dir.name] = (tokens, ref(tokens).logits)
+        if mtp_depth(hf_dir):  # compared with the main logits, each depth where it predicts
+            expected[hf_dir.name] += tuple(mtp_reference_logits(ref, hf_dir, tokens))
 
     CPUBackend(int(os.environ.get("LOCAL_RANK", 0)), num_threads=1).setup()
     torch.distributed.init_process_group("gloo")
@@ -187,9 +340,12 @@ def parity_main(argv: list[str] | None = None) -> int:
                                               ps.is_pipeline_last_stage(), None)
         provider.initialize_weights([model])
         model.eval()
-        tokens, reference = expected[hf_dir.name]
+        tokens, reference, *mtp_reference = expected[hf_dir.name]
         seq = tokens.shape[1]
         positions = torch.arange(seq).expand(2, seq)
+        mtp_hidden = []
+        if mtp_reference and ps.is_pipeline_last_stage():
+            model.mtp.register_forward_hook(lambda _m, _i, out, seen=mtp_hidden: seen.append(out))
 
         def step(_it, m, tokens=tokens, positions=positions):
             out = m(tokens, positions, None)
@@ -208,6 +364,19 @@ def parity_main(argv: list[str] | None = None) -> int:
         if ps.is_pipeline_last_stage():
             logits = gather_from_tensor_model_parallel_region(out[0])[..., : cfg.vocab_size]
             diff[0] = ((logits.float() - reference).abs().max() / reference.abs().max()).double()
+            if mtp_reference:
+                depths = torch.chunk(mtp_hidden[0], 1 + len(mtp_reference), dim=0)[1:]
+                weight = model.output_weight() if model.share_embeddings_and_output_weights else None
+                for k, (hidden, want) in enumerate(zip(depths, mtp_reference)):
+                    got, _ = model.output_layer(hidden, weight=weight)
+                    got = gather_from_tensor_model_parallel_region(got).transpose(0, 1)
+                    got, want = got[:, : seq - 1 - k, : cfg.vocab_size], want[:, : seq - 1 - k]
+                    mtp_diff = (got.float() - want).abs().max() / want.abs().max()
+                    diff[0] = max(diff[0], mtp_diff.double())
+        # and the logged MTP loss is these logits' cross entropy (a training forward: MoE
+        # with TP trains only with sequence parallelism, which parity leaves off)
+        if mtp_reference and ps.get_tensor_model_parallel_world_size() == 1:
+            diff[0] = max(diff[0], mtp_loss_diff(model, tokens, positions, mtp_reference))
         torch.distributed.all_reduce(diff, op=torch.distributed.ReduceOp.MAX)
         results[hf_dir.name] = diff.item()
         ps.destroy_model_parallel()

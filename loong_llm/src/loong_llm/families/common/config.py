@@ -79,6 +79,12 @@ class DecoderConfig(ModelConfig):
             of Qwen2-VL / 2.5-VL: position ids ``[b, 3, s]`` for time, height and width).
         mrope_section: With ``mrope``: rotary frequency pairs given to time, height and width
             (sums to ``head_dim / 2``; Qwen2.5-VL uses ``[16, 24, 24]``).
+        mtp_num_layers: Multi-token prediction depth (DeepSeek-V3, GLM-4.5; HF
+            ``num_nextn_predict_layers``): megatron-core's MTP block after the decoder, layer
+            ``k`` predicting token ``i + 1 + k`` from the previous depth and the embedding of token
+            ``i + k``; None: off.
+        mtp_loss_scaling_factor: Weight of the MTP loss (mean over depths) added to the LM loss
+            in the gradient; the logged ``loss`` stays the LM loss, ``mtp_loss`` is logged apart.
         init_from_hf: Hugging Face model directory (config.json + safetensors) whose weights
             initialise the model at the start of the run; its architecture fields override
             these (checked against the registered family).
@@ -105,6 +111,8 @@ class DecoderConfig(ModelConfig):
     qk_layernorm: bool = False
     position_embedding_type: Literal["rope", "mrope"] = "rope"
     mrope_section: Optional[list[int]] = None
+    mtp_num_layers: Optional[int] = positive(None)
+    mtp_loss_scaling_factor: float = non_negative(0.1)
     init_from_hf: Optional[str] = None
     lora: LoraConfig = field(default_factory=LoraConfig)
 
@@ -144,11 +152,31 @@ class DecoderConfig(ModelConfig):
                 f"'{path}.rotary_percent' = {self.rotary_percent} must rotate an even, positive "
                 f"number of the {self.head_dim()} channels of a head (head_dim * rotary_percent = "
                 f"{self.head_dim() * self.rotary_percent:g}).")
+        if self.mtp_num_layers:
+            self._check_mtp(run, path)
         if self.position_embedding_type == "mrope" and self.mrope_section is not None:
             if sum(self.mrope_section) != self.head_dim() // 2:
                 raise ConfigError(
                     f"'{path}.mrope_section' = {self.mrope_section} must sum to head_dim / 2 = "
                     f"{self.head_dim() // 2}.")
+
+    def _check_mtp(self, run, path: str) -> None:
+        """Multi-token prediction runs on the megatron engine, without PP / CP / sequence chunks."""
+        p = run.parallel
+        key = f"'{path}.mtp_num_layers' = {self.mtp_num_layers}"
+        if p.engine != "megatron":
+            raise ConfigError(f"{key} needs parallel.engine=megatron (megatron-core's MTP block); "
+                              f"or set {path}.mtp_num_layers=null.")
+        blockers = {"parallel.pipeline_model_parallel_size": p.pipeline_model_parallel_size,
+                    "parallel.context_parallel_size": p.context_parallel_size,
+                    "parallel.sequence_chunks": p.sequence_chunks}
+        for name, value in blockers.items():
+            if value > 1:
+                raise ConfigError(
+                    f"{key} with {name} = {value}: loong has not verified megatron-core's MTP "
+                    f"there (PP: the last stage's copy of the embedding; CP and sequence chunks: "
+                    f"the token shift across chunk borders); set {name}=1 or "
+                    f"{path}.mtp_num_layers=null.")
 
     def resolved_ffn_hidden_size(self) -> int:
         """The SwiGLU width actually used."""

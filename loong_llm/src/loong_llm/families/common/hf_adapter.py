@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
 from typing import Any
 
 from loong_core.errors import ConfigError
@@ -9,8 +11,72 @@ from loong_llm.families.common.config import RopeScalingConfig
 from loong_llm.hf.adapter import HFAdapter
 from loong_llm.hf.mapping import Rule
 
+logger = logging.getLogger(__name__)
+
 L = "decoder.layers.{i}."
 H = "model.layers.{i}."
+MTP_KEY = "num_nextn_predict_layers"  # HF: MTP layers stored after the decoder's
+
+
+def mtp_rules(cfg, rules: list[Rule]) -> list[Rule]:
+    """``rules`` with the multi-token-prediction layers of ``cfg.mtp_num_layers`` added.
+
+    MTP layer ``k`` is HF layer ``num_layers + k`` (DeepSeek-V3 / GLM-4.5 layout):
+    ``enorm``, ``hnorm``, ``eh_proj``, ``shared_head.norm`` (megatron-core's ``final_layernorm``)
+    and a decoder layer under the same names as the decoder's; its ``embed_tokens`` and
+    ``shared_head.head`` are copies of the model's embedding and output head (written on
+    export, not read: megatron-core shares them).
+    """
+    depth = getattr(cfg, "mtp_num_layers", None) or 0
+    if not depth:
+        return rules
+    hf_layers = [f"model.layers.{cfg.num_layers + k}." for k in range(depth)]
+    out = []
+    for rule in rules:
+        if rule.loong == "embedding.word_embeddings.weight":
+            heads = () if cfg.untie_embeddings_and_output_weights else ("shared_head.head.weight",)
+            also = tuple(h + n for h in hf_layers for n in ("embed_tokens.weight", *heads))
+            rule = Rule(rule.loong, rule.hf, rule.kind, rule.export, rule.block, rule.also + also)
+        elif rule.loong == "output_layer.weight" and rule.export:
+            also = tuple(h + "shared_head.head.weight" for h in hf_layers)
+            rule = Rule(rule.loong, rule.hf, rule.kind, rule.export, rule.block, rule.also + also)
+        out.append(rule)
+    for k, hf_layer in enumerate(hf_layers):
+        m = f"mtp.layers.{k}."
+        out += [Rule(m + "enorm.weight", (hf_layer + "enorm.weight",)),
+                Rule(m + "hnorm.weight", (hf_layer + "hnorm.weight",)),
+                Rule(m + "eh_proj.weight", (hf_layer + "eh_proj.weight",)),
+                Rule(m + "final_layernorm.weight", (hf_layer + "shared_head.norm.weight",))]
+        out += [Rule(r.loong.replace(L, m + "transformer_layer."),
+                     tuple(h.replace(H, hf_layer) for h in r.hf), r.kind, r.export, r.block)
+                for r in rules if r.loong.startswith(L)]
+    return out
+
+
+def mtp_layers_from_hf(cfg, hf: dict, hf_dir: str | Path) -> int | None:
+    """``model.mtp_num_layers`` for an HF directory: its ``num_nextn_predict_layers`` when the
+    checkpoint holds those layers' weights, else None (MTP off, as transformers runs it).
+
+    Raises:
+        ConfigError: ``model.mtp_num_layers`` asks for more MTP layers than the checkpoint has.
+    """
+    from loong_llm.hf.io import SafetensorsReader
+
+    wanted = getattr(cfg, "mtp_num_layers", None)
+    listed = int(hf.get(MTP_KEY) or 0)
+    keys = set(SafetensorsReader(hf_dir).keys()) if (listed or wanted) else set()
+    stored = 0
+    while f"model.layers.{hf['num_hidden_layers'] + stored}.eh_proj.weight" in keys:
+        stored += 1
+    if wanted and wanted > stored:
+        raise ConfigError(
+            f"'model.mtp_num_layers' = {wanted} but {hf_dir} holds the weights of {stored} MTP "
+            f"layer(s) ({MTP_KEY} = {listed} in its config.json); set model.mtp_num_layers="
+            f"{stored or 'null'}.")
+    if listed and stored < listed:
+        logger.info("%s/config.json lists %s = %d but the checkpoint holds %d MTP layer(s): "
+                    "multi-token prediction uses those", hf_dir, MTP_KEY, listed, stored)
+    return (wanted or min(listed, stored)) or None
 
 
 def rope_from_hf(hf: dict) -> tuple[float, RopeScalingConfig]:
@@ -81,7 +147,23 @@ def rope_to_hf(cfg) -> dict:
 
 class DecoderHFAdapter(HFAdapter):
     """Llama-layout checkpoints: ``model.embed_tokens``, ``model.layers.N.self_attn.{q,k,v,o}_proj``,
-    ``mlp.{gate,up,down}_proj``, RMSNorms, ``model.norm``, ``lm_head``."""
+    ``mlp.{gate,up,down}_proj``, RMSNorms, ``model.norm``, ``lm_head``; multi-token prediction
+    layers after the decoder's (:func:`mtp_rules`)."""
+
+    def apply_hf_config(self, cfg, hf_dir: str | Path) -> None:
+        wanted = getattr(cfg, "mtp_num_layers", None)
+        super().apply_hf_config(cfg, hf_dir)
+        if hasattr(cfg, "mtp_num_layers"):
+            from loong_llm.hf.adapter import read_hf_config
+
+            cfg.mtp_num_layers = wanted
+            cfg.mtp_num_layers = mtp_layers_from_hf(cfg, read_hf_config(hf_dir), hf_dir)
+
+    def full_hf_config(self, cfg, base: dict | None, dtype: str) -> dict:
+        out = super().full_hf_config(cfg, base, dtype)
+        if getattr(cfg, "mtp_num_layers", None):
+            out[MTP_KEY] = cfg.mtp_num_layers
+        return out
 
     def config_from_hf(self, hf: dict) -> dict[str, Any]:
         if hf.get("mlp_bias"):
@@ -148,4 +230,4 @@ class DecoderHFAdapter(HFAdapter):
         else:  # the last pipeline stage's copy of the tied embedding
             rules.append(Rule("output_layer.weight", ("model.embed_tokens.weight",), "vocab",
                               export=False))
-        return rules
+        return mtp_rules(cfg, rules)

@@ -128,7 +128,7 @@ class MoEProvider(DecoderProvider):
         while id(inner) not in self._router_stats and hasattr(inner, "module"):
             inner = inner.module
         stats = self._router_stats.get(id(inner))
-        return stats.pop() if stats is not None else {}
+        return {**super().step_metrics(model), **(stats.pop() if stats is not None else {})}
 
     def mlp_params_per_layer(self) -> float:
         c = self.config

@@ -14,6 +14,8 @@ from loong_llm.families.common.config import DecoderConfig
 
 logger = logging.getLogger(__name__)
 
+MTP_METRIC = "mtp_loss"
+
 
 class DecoderProvider(ModelProvider):
     """Builds a decoder-only family as a megatron-core GPTModel on the local (no-TE) spec.
@@ -31,11 +33,16 @@ class DecoderProvider(ModelProvider):
 
     def __init__(self, config: DecoderConfig):
         super().__init__(config)
+        asked_mtp = config.mtp_num_layers
         if config.init_from_hf:
             from loong_llm.hf.registry import get_adapter
 
             adapter = get_adapter(self.family)
             adapter.apply_hf_config(config, config.init_from_hf)
+        # MTP switched on by the checkpoint's weights, not by the (validated) config
+        self._mtp_from_checkpoint = bool(config.mtp_num_layers) and not asked_mtp
+        if config.mtp_num_layers:
+            self.reported_metrics = (*type(self).reported_metrics, MTP_METRIC)
 
     def apply_data_overrides(self, overrides: dict[str, Any]) -> None:
         """Take the dataset's vocabulary when ``model.vocab_size`` is unset; a vocabulary that is
@@ -107,6 +114,7 @@ class DecoderProvider(ModelProvider):
             apply_rope_fusion=False,
             gradient_accumulation_fusion=False,
             **seam_spec.transformer_kwargs(),
+            **self.mtp_kwargs(parallel_kwargs),
             **self.family_transformer_kwargs(),
             **self.position_kwargs(),
             **parallel_kwargs,
@@ -114,6 +122,40 @@ class DecoderProvider(ModelProvider):
         if not config.multi_latent_attention:  # MLA takes YaRN through its own config fields
             rope.set_attention_factor(config, c.rope_scaling)
         return config
+
+    def mtp_kwargs(self, parallel_kwargs: dict[str, Any]) -> dict[str, Any]:
+        """``TransformerConfig`` fields of multi-token prediction (none when it is off).
+
+        MTP layers an HF checkpoint brought (``model.init_from_hf``) are left out, with a
+        warning, under a layout loong has not verified MTP on (PP, CP, sequence chunks; a
+        config asking for MTP there is refused when it loads): the main model trains."""
+        c = self.config
+        layout = {"parallel.pipeline_model_parallel_size": parallel_kwargs.get("pipeline_model_parallel_size", 1),
+                  "parallel.context_parallel_size": parallel_kwargs.get("context_parallel_size", 1),
+                  "parallel.sequence_chunks": self.sequence_chunks}
+        blocked = [f"{k} = {v}" for k, v in layout.items() if (v or 1) > 1]
+        if c.mtp_num_layers and self._mtp_from_checkpoint and blocked:
+            logger.warning("the %d MTP layer(s) of %s are not loaded: loong has not verified "
+                           "multi-token prediction with %s; the main model trains",
+                           c.mtp_num_layers, c.init_from_hf, ", ".join(blocked))
+            c.mtp_num_layers = None
+            self.reported_metrics = type(self).reported_metrics
+        if not c.mtp_num_layers:
+            return {}
+        return {"mtp_num_layers": c.mtp_num_layers, "mtp_loss_scaling_factor": c.mtp_loss_scaling_factor}
+
+    def mtp_block_spec(self, config, block_spec, vp_stage):
+        """megatron-core's MTP block spec (its transformer layer is the decoder's last layer, with
+        the kernel seam's modules) on the stage that holds it; None when MTP is off."""
+        if not self.config.mtp_num_layers:
+            return None
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_mtp_block_spec_for_backend
+
+        from loong_core.engines.megatron.seam.spec import LoongSpecProvider, apply
+
+        spec = get_gpt_mtp_block_spec_for_backend(config, block_spec, backend=LoongSpecProvider(),
+                                                  vp_stage=vp_stage)
+        return None if spec is None else apply(spec, config, vp_stage)
 
     def layer_spec(self, config, vp_stage):
         """megatron-core layer (or block) spec: local modules, RMSNorm, optional q/k norm."""
@@ -128,9 +170,11 @@ class DecoderProvider(ModelProvider):
         from loong_core.engines.megatron.seam.spec import apply
 
         c = self.config
+        block_spec = apply(self.layer_spec(config, vp_stage), config, vp_stage)
         model = SeamGPTModel(
             config=config,
-            transformer_layer_spec=apply(self.layer_spec(config, vp_stage), config, vp_stage),
+            transformer_layer_spec=block_spec,
+            mtp_block_spec=self.mtp_block_spec(config, block_spec, vp_stage) if post_process else None,
             vocab_size=c.padded_vocab_size(config.tensor_model_parallel_size),
             max_sequence_length=c.max_position_embeddings,
             pre_process=pre_process,
@@ -176,9 +220,12 @@ class DecoderProvider(ModelProvider):
         from loong_core.engines.megatron.context_parallel import slice_batch
         from loong_core.kernels.segment_mask import with_attention_mask
 
+        mtp = bool(self.config.mtp_num_layers)
+
         def run(local: dict):
+            extra = {"loss_mask": local["loss_mask"]} if mtp else {}  # MTP masks its shifted loss
             return model(local["tokens"], local["position_ids"], local.get("attention_mask"),
-                         labels=local["labels"])
+                         labels=local["labels"], **extra)
 
         if self.sequence_chunks > 1:
             # K chunks in causal order (each laid out over the CP group), backward in reverse;
@@ -206,7 +253,16 @@ class DecoderProvider(ModelProvider):
         return output, loss_func
 
     def step_metrics(self, model) -> dict:
-        """Further ``[sum, count]`` pairs reported with the loss (see ``reported_metrics``)."""
+        """Further ``[sum, count]`` pairs reported with the loss (see ``reported_metrics``):
+        ``mtp_loss`` (per token, mean over depths) when multi-token prediction is on."""
+        if not self.config.mtp_num_layers:
+            return {}
+        from loong_core.engines.megatron.seam.gpt import SeamGPTModel
+
+        for module in model.modules():
+            if isinstance(module, SeamGPTModel) and module.mtp_last_loss is not None:
+                record, module.mtp_last_loss = module.mtp_last_loss, None
+                return {MTP_METRIC: record}
         return {}
 
     # -- accounting --------------------------------------------------------------------------
@@ -225,6 +281,9 @@ class DecoderProvider(ModelProvider):
         """6 x parameters (matmuls) + attention scores, forward + backward (PaLM appendix B)."""
         c = self.config
         per_layer = self.attention_params_per_layer() + self.mlp_params_per_layer()
-        matmul_params = c.num_layers * per_layer + (c.vocab_size or 0) * c.hidden_size
-        attention = 2 * c.num_layers * seq_length * c.num_attention_heads * c.head_dim()
+        depth = c.mtp_num_layers or 0  # each MTP layer: eh_proj, one layer, the output layer
+        layers = c.num_layers + depth
+        matmul_params = (layers * per_layer + (1 + depth) * (c.vocab_size or 0) * c.hidden_size
+                         + depth * 2 * c.hidden_size ** 2)
+        attention = 2 * layers * seq_length * c.num_attention_heads * c.head_dim()
         return 6.0 * matmul_params + 6.0 * attention

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import logging
-
 from loong_core.errors import ConfigError
 from loong_llm.families.common.hf_adapter import DecoderHFAdapter
 from loong_llm.families.common.moe import deepseek_moe_from_hf, deepseek_moe_rules, deepseek_moe_to_hf
-
-logger = logging.getLogger(__name__)
 
 
 class Glm4MoEHFAdapter(DecoderHFAdapter):
@@ -16,9 +12,9 @@ class Glm4MoEHFAdapter(DecoderHFAdapter):
     ``k_norm`` when ``use_qk_norm``), dense MLPs before ``first_k_dense_replace``, then
     ``mlp.gate`` (+ ``e_score_correction_bias``), ``mlp.experts.E`` and ``mlp.shared_experts``.
 
-    The multi-token-prediction layers a published checkpoint carries after the last layer
-    (``num_nextn_predict_layers``, stored as ``model.layers.{num_hidden_layers}.*``) are not read:
-    the model is the main stack, as transformers' ``Glm4MoeForCausalLM`` is.
+    The multi-token-prediction layer a published checkpoint carries after the last layer
+    (``num_nextn_predict_layers``, stored as ``model.layers.{num_hidden_layers}.*``) is read
+    into megatron-core's MTP block when its weights are there (``mtp_rules``).
     """
 
     family = "glm4_moe"
@@ -29,9 +25,6 @@ class Glm4MoEHFAdapter(DecoderHFAdapter):
         if not hf.get("norm_topk_prob", True):
             raise ConfigError("norm_topk_prob=false is not supported by the 'glm4_moe' family "
                               "(megatron-core's sigmoid router renormalises the top-k weights).")
-        if hf.get("num_nextn_predict_layers"):
-            logger.info("%d MTP layer(s) of the checkpoint are not loaded (the main model is).",
-                        hf["num_nextn_predict_layers"])
         return {**super().config_from_hf(hf), "add_qkv_bias": bool(hf.get("attention_bias")),
                 "qk_layernorm": bool(hf.get("use_qk_norm")), **deepseek_moe_from_hf(hf)}
 
