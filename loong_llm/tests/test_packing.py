@@ -18,7 +18,7 @@ def mcore_single_rank():
         yield
 
 
-def tiny_llama(vocab_size: int = 96, num_layers: int = 2):
+def tiny_llama(vocab_size: int = 96, num_layers: int = 2, mtp_num_layers=None):
     """A random-weight tiny Llama built the way the megatron engine builds it."""
     from loong_llm.families.llama.config import LlamaConfig
     from loong_llm.families.llama.model import LlamaProvider
@@ -26,7 +26,7 @@ def tiny_llama(vocab_size: int = 96, num_layers: int = 2):
     torch.manual_seed(0)
     provider = LlamaProvider(LlamaConfig(num_layers=num_layers, hidden_size=64, num_attention_heads=4,
                                          num_query_groups=2, ffn_hidden_size=128, vocab_size=vocab_size,
-                                         max_position_embeddings=256))
+                                         max_position_embeddings=256, mtp_num_layers=mtp_num_layers))
     config = provider.megatron_config({})
     return provider.build_megatron_model(config, pre_process=True, post_process=True, vp_stage=None).eval()
 
@@ -84,3 +84,26 @@ def test_packed_logits_equal_unpacked(mcore_single_rank):
     with torch.no_grad():
         leaky = model(sample["tokens"][None], sample["position_ids"][None], None)[0]
     assert (leaky[lengths[0]: sum(lengths[:2])] - packed[lengths[0]: sum(lengths[:2])]).abs().max() > 1e-2
+
+
+def test_packed_mtp_loss_equals_the_documents_alone(mcore_single_rank):
+    """Multi-token prediction on a packed sample: no depth predicts across a document border, so
+    the MTP loss sum and token count are those of the documents run one by one."""
+    model = tiny_llama(mtp_num_layers=2).train()
+    rng = np.random.default_rng(1)
+    lengths = [9, 17, 5]
+    docs = [rng.integers(1, 96, size=n + 1) for n in lengths]
+    sample = packed_sample([(d, np.ones_like(d)) for d in docs], seq_length=40, pad_id=0)
+    with torch.no_grad():
+        model(sample["tokens"][None], sample["position_ids"][None],
+              segment_mask(sample["segment_ids"][None]), labels=sample["labels"][None],
+              loss_mask=sample["loss_mask"][None])
+        packed = model.mtp_last_loss.clone()
+        alone = torch.zeros(2)
+        for d, n in zip(docs, lengths):
+            tokens, labels = (torch.as_tensor(x, dtype=torch.long)[None] for x in (d[:-1], d[1:]))
+            model(tokens, torch.arange(n)[None], None, labels=labels, loss_mask=torch.ones(1, n))
+            alone += model.mtp_last_loss
+    # depth k of a document of n positions predicts n - 1 - k of its tokens
+    assert packed[1].item() == alone[1].item() == sum(2 * n - 3 for n in lengths)
+    torch.testing.assert_close(packed[0], alone[0], rtol=1e-5, atol=0)
