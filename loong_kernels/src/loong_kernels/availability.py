@@ -26,6 +26,18 @@ def triton_available() -> bool:
     return torch.cuda.is_available()
 
 
+def fla_available() -> bool:
+    """flash-linear-attention runs here: ``fla`` and ``einops`` are installed (extra ``fla``) and a
+    CUDA device is present. Off CUDA it is never available: fla 0.6.0 runs in Triton's
+    interpreter only with two test-only patches (its autotuner's benchmark needs a GPU driver,
+    and one kernel calls ``.to`` on a ``range`` counter; ``tests/test_gated_delta_rule_fla.py``)."""
+    if any(importlib.util.find_spec(m) is None for m in ("fla", "einops", "triton")):
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def always() -> bool:
     """Pure-torch backends (``chunked``) run on every device."""
     return True

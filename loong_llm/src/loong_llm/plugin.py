@@ -28,6 +28,9 @@ FAMILIES = {
     "glm4_moe": ("Glm4MoEProvider", "Glm4MoEConfig", "Glm4MoEHFAdapter",
                  "GLM-4.5/4.6: GQA with qkv bias and q/k RMSNorm, RoPE on half of each head, "
                  "first dense layers, shared + sigmoid-routed experts with expert bias"),
+    "qwen3_next": ("Qwen3NextProvider", "Qwen3NextConfig", "Qwen3NextHFAdapter",
+                   "Qwen3-Next: Gated DeltaNet linear attention and gated full attention (3:1), "
+                   "softmax-routed experts with a sigmoid-gated shared expert, zero-centred norms"),
     "minimax_m2": ("MiniMaxM2Provider", "MiniMaxM2Config", "MiniMaxM2HFAdapter",
                    "MiniMax-M2: GQA with whole-projection q/k RMSNorm, partial RoPE, every layer "
                    "sigmoid-routed experts with expert bias, no shared expert"),

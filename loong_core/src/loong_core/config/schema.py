@@ -298,6 +298,8 @@ class KernelsConfig:
         sparse_attention: DeepSeek sparse attention over the indexer's selected keys
             (``deepseek_v32``): ``torch`` (chunked) or ``triton``.
         indexer_topk: The lightning indexer's scores and causal top-k (``deepseek_v32``).
+        gated_delta_rule: Gated DeltaNet linear attention (Qwen3-Next / Qwen3.5): ``torch``
+            (chunked) or ``fla`` (flash-linear-attention, CUDA).
         attention: Core attention: ``sdpa`` (the plain backend: torch SDPA, GQA without
             repeated K/V, packed documents / vision windows per segment), ``flex``
             (FlexAttention block masks, compiled) or ``eager`` (explicit scores and a dense
@@ -312,6 +314,7 @@ class KernelsConfig:
     linear_cross_entropy: str = "auto"
     sparse_attention: str = "auto"
     indexer_topk: str = "auto"
+    gated_delta_rule: str = "auto"
     attention: str = "auto"
 
 

@@ -16,11 +16,13 @@ OPS: dict[str, str] = {
     "linear_cross_entropy": "cross entropy of hidden @ weight.T without keeping all logits",
     "sparse_attention": "attention over per-query selected keys (DeepSeek sparse attention)",
     "indexer_topk": "lightning-indexer scores and their causal top-k (DeepSeek sparse attention)",
+    "gated_delta_rule": "Gated DeltaNet linear attention, chunked, packed documents (Qwen3-Next)",
     "attention": "softmax attention: causal, GQA, packed documents / windows (segment ids)",
 }
 
 # Ops without a ``compile`` backend (their references loop over chunks in Python).
-NO_COMPILE: frozenset[str] = frozenset({"attention", "sparse_attention", "indexer_topk"})
+NO_COMPILE: frozenset[str] = frozenset({"attention", "sparse_attention", "indexer_topk",
+                                         "gated_delta_rule"})
 
 # op -> the backend that is the plain path: what ``auto`` falls back to when no preferred
 # backend is available, and the one whose semantics every other backend reproduces.

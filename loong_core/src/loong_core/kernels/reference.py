@@ -248,3 +248,15 @@ def indexer_topk(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, topk: int) -
     from loong_core.kernels import sparse_attention as dsa
 
     return dsa.indexer_topk(q, k, w, topk)
+
+
+def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                     beta: torch.Tensor, scale: float,
+                     segment_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Gated DeltaNet linear attention: per ``(b, h)`` a state ``S [dk, dv]`` from zero, per step
+    ``S = S * exp(g_t)``, ``S += k_t (beta_t (v_t - S^T k_t))^T``, ``o_t = S^T (scale q_t)``, reset
+    where ``segment_ids [b, s]`` changes (``q, k [b, s, h, dk]``, ``v [b, s, h, dv]``, ``g, beta
+    [b, s, h]`` -> ``[b, s, h, dv]``); chunked, fp32 (:mod:`loong_core.kernels.gated_delta_rule`)."""
+    from loong_core.kernels import gated_delta_rule as gdr
+
+    return gdr.gated_delta_rule(q, k, v, g, beta, scale, segment_ids)

@@ -11,6 +11,12 @@ make up one loong tensor and how (``kind``):
   group its query heads, then its key head, then its value head (megatron-core's layout).
 - ``gate_up``: HF ``gate`` and ``up`` stacked as ``[gate; up]``; under TP rank r holds
   ``[gate_r; up_r]``.
+- ``gated_qkv``: as ``qkv`` with an output gate projected with the queries (HF ``q_proj`` holds
+  each head's query then its gate): per group its query heads, their gates, its key head, its
+  value head (megatron-core's layout under ``attention_output_gate``).
+- ``grouped``: one tensor whose rows are sections (each all groups' rows of one kind, e.g. all
+  query channels, then all key channels, ...) regrouped group by group: per group its rows of
+  each section (``Rule.sections``: one group's width in each), so TP shards whole groups.
 - ``rope_rows``: rows in blocks of ``block`` whose last ``Shape.rope_dim`` rows are RoPE dims.
   megatron-core's MLA expects them in interleaved pairs (DeepSeek's original layout) and
   de-interleaves at run time; a checkpoint in the half-split layout (``rope_interleave=false``) is
@@ -22,7 +28,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-KINDS = ("copy", "vocab", "qkv", "gate_up", "rope_rows")
+KINDS = ("copy", "vocab", "qkv", "gated_qkv", "grouped", "gate_up", "rope_rows")
 
 
 @dataclass(frozen=True)
@@ -38,6 +44,7 @@ class Rule:
         also: Further HF names written with the same tensor on export and never read (the
             copies of the embedding and output head DeepSeek-V3's MTP layers carry); only for
             rules of one HF tensor.
+        sections: ``grouped`` only: one group's rows in each section.
     """
 
     loong: str
@@ -46,6 +53,7 @@ class Rule:
     export: bool = True
     block: int = 0
     also: tuple[str, ...] = ()
+    sections: tuple[int, ...] = ()
 
     def regex(self) -> re.Pattern:
         """Pattern matching concrete loong names of this rule."""
@@ -126,6 +134,23 @@ class RuleSet:
             return torch.cat(tensors, dim=0)
         if rule.kind == "rope_rows":
             return self._permute_blocks(rule, tensors[0], inverse=True)
+        if rule.kind == "grouped":
+            (t,) = tensors
+            rest = t.shape[1:]
+            groups = t.shape[0] // sum(rule.sections)
+            parts = t.split([groups * w for w in rule.sections])
+            return torch.cat([p.reshape(groups, w, *rest) for p, w in zip(parts, rule.sections)],
+                             dim=1).reshape(-1, *rest)
+        if rule.kind == "gated_qkv":
+            q, k, v = tensors
+            s = self.shape
+            rest = q.shape[1:]
+            per_group = s.num_heads // s.num_groups
+            q = q.reshape(s.num_groups, per_group, 2, s.head_dim, *rest)
+            k = k.reshape(s.num_groups, s.head_dim, *rest)
+            v = v.reshape(s.num_groups, s.head_dim, *rest)
+            query, gate = (q[:, :, i].reshape(s.num_groups, per_group * s.head_dim, *rest) for i in (0, 1))
+            return torch.cat([query, gate, k, v], dim=1).reshape(-1, *rest)
         if rule.kind == "qkv":
             q, k, v = tensors
             s = self.shape
@@ -151,6 +176,24 @@ class RuleSet:
             return list(full.chunk(2, dim=0))
         if rule.kind == "rope_rows":
             return [self._permute_blocks(rule, full, inverse=False)]
+        if rule.kind == "grouped":
+            import torch
+
+            rest = full.shape[1:]
+            grouped = full.reshape(-1, sum(rule.sections), *rest)
+            return [torch.cat([p.reshape(-1, *rest) for p in grouped.split(list(rule.sections), dim=1)])]
+        if rule.kind == "gated_qkv":
+            import torch
+
+            s = self.shape
+            rest = full.shape[1:]
+            per_group = s.num_heads // s.num_groups
+            width = per_group * s.head_dim
+            grouped = full.reshape(s.num_groups, 2 * width + 2 * s.head_dim, *rest)
+            query, gate, k, v = grouped.split([width, width, s.head_dim, s.head_dim], dim=1)
+            q = torch.stack([query.reshape(s.num_groups, per_group, s.head_dim, *rest),
+                             gate.reshape(s.num_groups, per_group, s.head_dim, *rest)], dim=2)
+            return [t.reshape(-1, *rest) for t in (q, k, v)]
         if rule.kind == "qkv":
             s = self.shape
             rest = full.shape[1:]

@@ -73,6 +73,13 @@ def hf_config(family: str, **overrides):
         cfg = tf.MiniMaxM2Config(**common, head_dim=32, rotary_dim=16, num_local_experts=4,  # partial RoPE
                                  num_experts_per_tok=2, tie_word_embeddings=False,
                                  bos_token_id=1, eos_token_id=2)
+    elif family == "qwen3_next":  # Gated DeltaNet, then gated full attention (partial RoPE 0.25)
+        cfg = tf.Qwen3NextConfig(**common, head_dim=32, num_experts=4, num_experts_per_tok=2,
+                                 moe_intermediate_size=32, shared_expert_intermediate_size=48,
+                                 linear_conv_kernel_dim=4, linear_key_head_dim=16,
+                                 linear_value_head_dim=24, linear_num_key_heads=2,
+                                 linear_num_value_heads=4, tie_word_embeddings=False,
+                                 layer_types=["linear_attention", "full_attention"])
     else:
         raise ValueError(family)
     for key, value in overrides.items():

@@ -1,0 +1,1 @@
+"""Backends wrapping flash-linear-attention (``pip install 'loong-kernels[fla]'``): ``"<op>:fla"``."""
