@@ -13,7 +13,7 @@ from loong_llm.hf.registry import model_type_table
 from loong_llm.hf.testing import write_hf_model
 
 FAMILIES = ["llama", "qwen2", "qwen3", "qwen3_moe", "deepseek_v3", "deepseek_v32", "glm4_moe",
-            "minimax_m2", "deepseek_v2", "qwen3_next"]
+            "minimax_m2", "deepseek_v2", "qwen3_next", "qwen3_5", "qwen3_5_moe"]
 
 
 def _loong(*args: str):

@@ -23,7 +23,8 @@ DSA_DENSE = ("model.dsa_indexer_topk=64",)
 CASES = [("glm4_moe", "tp2_sp", ()), ("glm4_moe", "cp2_ep2", ()), ("minimax_m2", "tp2_sp", ()),
          ("minimax_m2", "cp2_ep2", ()), ("deepseek_v32", "tp2_sp", DSA_DENSE),
          ("deepseek_v32", "ep2", ()), ("deepseek_v2", "tp2_sp", ()), ("deepseek_v2", "cp2_ep2", ()),
-         ("qwen3_next", "tp2_sp", ()), ("qwen3_next", "ep2", ())]
+         ("qwen3_next", "tp2_sp", ()), ("qwen3_next", "ep2", ()), ("qwen3_5", "tp2_sp", ()),
+         ("qwen3_5_moe", "ep2", ())]
 
 
 @pytest.mark.multirank

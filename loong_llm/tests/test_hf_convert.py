@@ -72,6 +72,8 @@ CASES = {  # name: (family, hf-to-loong flags, source dtype, config overrides)
     "glm4_moe_bf16": ("glm4_moe", [], "bfloat16", {}),
     "minimax_m2_bf16": ("minimax_m2", [], "bfloat16", {}),
     "qwen3_next_bf16": ("qwen3_next", [], "bfloat16", {}),
+    "qwen3_5_bf16": ("qwen3_5", [], "bfloat16", {}),
+    "qwen3_5_moe_bf16": ("qwen3_5_moe", [], "bfloat16", {}),
 }
 SHARDED = {
     "qwen2_tp2": ("qwen2", ["--tp", "2"], None, {}),
@@ -81,6 +83,7 @@ SHARDED = {
     "glm4_moe_tp2_ep2": ("glm4_moe", ["--tp", "2", "--ep", "2"], None, {}),
     "minimax_m2_tp2": ("minimax_m2", ["--tp", "2"], None, {}),
     "qwen3_next_tp2_ep2": ("qwen3_next", ["--tp", "2", "--ep", "2"], None, {}),
+    "qwen3_5_moe_tp2_ep2": ("qwen3_5_moe", ["--tp", "2", "--ep", "2"], None, {}),
 }
 
 

@@ -69,7 +69,8 @@ def test_perplexity_matches_transformers(model):
     assert got["perplexity"] == pytest.approx(perplexity, rel=1e-5)
 
 
-@pytest.mark.parametrize("family", ["deepseek_v32", "glm4_moe", "minimax_m2", "qwen3_next"])
+@pytest.mark.parametrize("family", ["deepseek_v32", "glm4_moe", "minimax_m2", "qwen3_next",
+                                    "qwen3_5"])
 def test_new_families_evaluate_like_transformers_with_the_family_from_config(model, tmp_path, family):
     """``loong eval perplexity --hf DIR`` (no --family) on each newer family's HF folder."""
     _, text_file, tok, text = model

@@ -16,8 +16,9 @@ from loong_llm.hf.convert import free_port
 from loong_llm.hf.testing import add_mtp_layers, set_parity_seq_length, write_hf_model
 
 FAMILIES = ["llama", "qwen2", "qwen3", "qwen3_moe", "deepseek_v3", "deepseek_v32", "glm4_moe", "minimax_m2",
-            "deepseek_v2", "qwen3_next"]
-MOE = ["qwen3_moe", "deepseek_v3", "deepseek_v32", "glm4_moe", "minimax_m2", "deepseek_v2", "qwen3_next"]
+            "deepseek_v2", "qwen3_next", "qwen3_5", "qwen3_5_moe"]
+MOE = ["qwen3_moe", "deepseek_v3", "deepseek_v32", "glm4_moe", "minimax_m2", "deepseek_v2", "qwen3_next",
+       "qwen3_5_moe"]
 LAYOUTS = {"tp1": (1, []), "tp2": (2, ["--tp", "2"]), "pp2": (2, ["--pp", "2"]),
            "ep2": (2, ["--ep", "2"])}
 YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,

@@ -101,7 +101,7 @@ def test_published_style_config_reads_its_hybrid_pattern_and_writes_it_back():
     ("parallel.context_parallel_size=2", "'parallel.context_parallel_size' = 2 with model 'qwen3_next': "
                                          "the Gated DeltaNet layers' recurrent state"),
     ("parallel.sequence_chunks=2", "'parallel.sequence_chunks' = 2 with model 'qwen3_next'"),
-    ("model.mtp_num_layers=1", "Qwen3-Next's MTP layers are not supported yet"),
+    ("model.mtp_num_layers=1", "the MTP layers of Qwen3-Next / Qwen3.5 are not supported yet"),
     ("model.linear_attention_freq=[1,0,1]", "must be an int or a 0/1 list of 2 entries"),
     ("model.linear_num_value_heads=5", "must be a multiple of model.linear_num_key_heads"),
 ])

@@ -31,6 +31,10 @@ FAMILIES = {
     "qwen3_next": ("Qwen3NextProvider", "Qwen3NextConfig", "Qwen3NextHFAdapter",
                    "Qwen3-Next: Gated DeltaNet linear attention and gated full attention (3:1), "
                    "softmax-routed experts with a sigmoid-gated shared expert, zero-centred norms"),
+    "qwen3_5": ("Qwen3_5Provider", "Qwen3_5Config", "Qwen3_5HFAdapter",
+                "Qwen3.5 text (dense): Qwen3-Next's Gated DeltaNet + gated attention stack, dense MLPs"),
+    "qwen3_5_moe": ("Qwen3_5MoEProvider", "Qwen3_5MoEConfig", "Qwen3_5MoEHFAdapter",
+                    "Qwen3.5-MoE text: Qwen3-Next's model with Qwen3.5's checkpoint layout"),
     "minimax_m2": ("MiniMaxM2Provider", "MiniMaxM2Config", "MiniMaxM2HFAdapter",
                    "MiniMax-M2: GQA with whole-projection q/k RMSNorm, partial RoPE, every layer "
                    "sigmoid-routed experts with expert bias, no shared expert"),

@@ -14,9 +14,9 @@ make up one loong tensor and how (``kind``):
 - ``gated_qkv``: as ``qkv`` with an output gate projected with the queries (HF ``q_proj`` holds
   each head's query then its gate): per group its query heads, their gates, its key head, its
   value head (megatron-core's layout under ``attention_output_gate``).
-- ``grouped``: one tensor whose rows are sections (each all groups' rows of one kind, e.g. all
-  query channels, then all key channels, ...) regrouped group by group: per group its rows of
-  each section (``Rule.sections``: one group's width in each), so TP shards whole groups.
+- ``grouped``: HF tensors whose rows are sections (each all groups' rows of one kind, e.g. all
+  query channels, then all key channels, ...) stacked and regrouped group by group: per group its
+  rows of each section (``Rule.sections``: one group's width in each), so TP shards whole groups.
 - ``rope_rows``: rows in blocks of ``block`` whose last ``Shape.rope_dim`` rows are RoPE dims.
   megatron-core's MLA expects them in interleaved pairs (DeepSeek's original layout) and
   de-interleaves at run time; a checkpoint in the half-split layout (``rope_interleave=false``) is
@@ -44,7 +44,8 @@ class Rule:
         also: Further HF names written with the same tensor on export and never read (the
             copies of the embedding and output head DeepSeek-V3's MTP layers carry); only for
             rules of one HF tensor.
-        sections: ``grouped`` only: one group's rows in each section.
+        sections: ``grouped`` only: one group's rows in each section; with several HF tensors
+            a tuple per tensor (its sections, in order).
     """
 
     loong: str
@@ -78,6 +79,13 @@ class Shape:
     head_dim: int
     vocab_size: int
     rope_dim: int = 0
+
+
+def _per_tensor(rule: Rule) -> tuple[tuple[int, ...], ...]:
+    """``grouped``: each HF tensor's sections (``sections`` flat: one tensor holds them all)."""
+    if rule.sections and isinstance(rule.sections[0], tuple):
+        return rule.sections
+    return (rule.sections,)
 
 
 class RuleSet:
@@ -135,11 +143,12 @@ class RuleSet:
         if rule.kind == "rope_rows":
             return self._permute_blocks(rule, tensors[0], inverse=True)
         if rule.kind == "grouped":
-            (t,) = tensors
+            widths = [w for part in _per_tensor(rule) for w in part]
+            t = torch.cat(tensors)
             rest = t.shape[1:]
-            groups = t.shape[0] // sum(rule.sections)
-            parts = t.split([groups * w for w in rule.sections])
-            return torch.cat([p.reshape(groups, w, *rest) for p, w in zip(parts, rule.sections)],
+            groups = t.shape[0] // sum(widths)
+            parts = t.split([groups * w for w in widths])
+            return torch.cat([p.reshape(groups, w, *rest) for p, w in zip(parts, widths)],
                              dim=1).reshape(-1, *rest)
         if rule.kind == "gated_qkv":
             q, k, v = tensors
@@ -180,8 +189,10 @@ class RuleSet:
             import torch
 
             rest = full.shape[1:]
-            grouped = full.reshape(-1, sum(rule.sections), *rest)
-            return [torch.cat([p.reshape(-1, *rest) for p in grouped.split(list(rule.sections), dim=1)])]
+            per_tensor = _per_tensor(rule)
+            widths = [w for part in per_tensor for w in part]
+            sections = iter(full.reshape(-1, sum(widths), *rest).split(widths, dim=1))
+            return [torch.cat([next(sections).reshape(-1, *rest) for _ in part]) for part in per_tensor]
         if rule.kind == "gated_qkv":
             import torch
 

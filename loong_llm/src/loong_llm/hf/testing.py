@@ -80,6 +80,16 @@ def hf_config(family: str, **overrides):
                                  linear_value_head_dim=24, linear_num_key_heads=2,
                                  linear_num_value_heads=4, tie_word_embeddings=False,
                                  layer_types=["linear_attention", "full_attention"])
+    elif family in ("qwen3_5", "qwen3_5_moe"):  # text models: Qwen3-Next's stack, split projections
+        hybrid = dict(head_dim=32, linear_conv_kernel_dim=4, linear_key_head_dim=16,
+                      linear_value_head_dim=24, linear_num_key_heads=2, linear_num_value_heads=4,
+                      tie_word_embeddings=False, layer_types=["linear_attention", "full_attention"])
+        if family == "qwen3_5":
+            cfg = tf.Qwen3_5TextConfig(**common, **hybrid)
+        else:
+            cfg = tf.Qwen3_5MoeTextConfig(**{k: v for k, v in common.items() if k != "intermediate_size"},
+                                          **hybrid, num_experts=4, num_experts_per_tok=2,
+                                          moe_intermediate_size=32, shared_expert_intermediate_size=48)
     else:
         raise ValueError(family)
     for key, value in overrides.items():

@@ -1,4 +1,5 @@
-"""Config of the Qwen3-Next family (light: no torch import)."""
+"""Config of the Qwen3-Next family and the hybrid-stack fields it shares with Qwen3.5 (light: no
+torch import)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,11 @@ from loong_llm.families.common.config import MoEDecoderConfig
 
 
 @dataclass
-class Qwen3NextConfig(MoEDecoderConfig):
-    """Qwen3-Next: a hybrid stack of Gated DeltaNet (linear attention) layers and gated full
-    attention layers, every layer with an MoE MLP (softmax top-k router, renormalised, and a
-    sigmoid-gated shared expert). Every RMSNorm of the stack is zero-centred (``weight + 1``).
+class HybridStackFields:
+    """The Gated DeltaNet + gated attention stack of Qwen3-Next and Qwen3.5 (megatron-core's names
+    where it has them); mixed into a decoder config.
 
-    Attributes (megatron-core's names where it has them):
+    Attributes:
         linear_attention_freq: Which layers are linear attention: an int ``N`` (``N - 1`` Gated
             DeltaNet layers, then one full attention layer, repeated) or a 0/1 list per layer
             (1: linear attention).
@@ -28,9 +28,7 @@ class Qwen3NextConfig(MoEDecoderConfig):
             head serves that many consecutive value heads).
         attention_output_gate: Full attention multiplies its output by ``sigmoid(gate)``, the gate
             projected with the queries (megatron-core's ``attention_output_gate``).
-        moe_shared_expert_gate: The shared expert's output is scaled by ``sigmoid(x . w)``.
-        layernorm_zero_centered_gamma: RMSNorms store ``weight - 1`` (Qwen3-Next's layout).
-    Further fields: :class:`~loong_llm.families.common.config.MoEDecoderConfig`.
+        layernorm_zero_centered_gamma: RMSNorms store ``weight - 1`` (``norm(x) * (1 + w)``).
     """
 
     linear_attention_freq: Union[int, list[int]] = 4
@@ -40,7 +38,6 @@ class Qwen3NextConfig(MoEDecoderConfig):
     linear_num_key_heads: int = positive(16)
     linear_num_value_heads: int = positive(32)
     attention_output_gate: bool = True
-    moe_shared_expert_gate: bool = True
     layernorm_zero_centered_gamma: bool = True
     qk_layernorm: bool = True
     rotary_percent: float = 0.25
@@ -53,9 +50,8 @@ class Qwen3NextConfig(MoEDecoderConfig):
             return [0 if (i + 1) % freq == 0 else 1 for i in range(self.num_layers)]
         return [int(x) for x in freq]
 
-    def check(self, run, path: str) -> None:
-        """MoE rules plus the hybrid stack's: its pattern, heads against TP, no CP, no chunks."""
-        super().check(run, path)
+    def check_hybrid_stack(self, run, path: str) -> None:
+        """The pattern, the heads against TP; no CP, no sequence chunks, no MTP (with why)."""
         pattern = self.linear_layers()
         if len(pattern) != self.num_layers or set(pattern) - {0, 1}:
             raise ConfigError(
@@ -80,5 +76,24 @@ class Qwen3NextConfig(MoEDecoderConfig):
             raise ConfigError(f"'parallel.sequence_chunks' = {p.sequence_chunks} with model "
                               f"'{self.name}': {why}; set parallel.sequence_chunks=1.")
         if self.mtp_num_layers:
-            raise ConfigError(f"'{path}.mtp_num_layers' with model '{self.name}': Qwen3-Next's MTP "
-                              f"layers are not supported yet; set {path}.mtp_num_layers=null.")
+            raise ConfigError(f"'{path}.mtp_num_layers' with model '{self.name}': the MTP layers of "
+                              f"Qwen3-Next / Qwen3.5 are not supported yet; set {path}.mtp_num_layers=null.")
+
+
+@dataclass
+class Qwen3NextConfig(HybridStackFields, MoEDecoderConfig):
+    """Qwen3-Next: the hybrid stack (:class:`HybridStackFields`), every layer with an MoE MLP
+    (softmax top-k router, renormalised, and a shared expert scaled by ``sigmoid(x . w)``).
+
+    Attributes:
+        moe_shared_expert_gate: The shared expert's output is scaled by ``sigmoid(x . w)``.
+    Further fields: :class:`HybridStackFields`,
+    :class:`~loong_llm.families.common.config.MoEDecoderConfig`.
+    """
+
+    moe_shared_expert_gate: bool = True
+
+    def check(self, run, path: str) -> None:
+        """MoE rules plus the hybrid stack's."""
+        super().check(run, path)
+        self.check_hybrid_stack(run, path)
