@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from loong_llm.hf.testing import write_hf_model
+from loong_llm.hf.testing import add_mtp_layers, write_hf_model
 
 PROMPT = "Install and train"
 SEQ = 64
@@ -70,11 +70,16 @@ def test_perplexity_matches_transformers(model):
 
 
 @pytest.mark.parametrize("family", ["deepseek_v32", "glm4_moe", "minimax_m2", "qwen3_next",
-                                    "qwen3_5"])
+                                    "qwen3_5", "deepseek_v3+mtp"])
 def test_new_families_evaluate_like_transformers_with_the_family_from_config(model, tmp_path, family):
-    """``loong eval perplexity --hf DIR`` (no --family) on each newer family's HF folder."""
+    """``loong eval perplexity --hf DIR`` (no --family) on each newer family's HF folder (with
+    ``+mtp``: MTP layers stored, which loong builds and transformers drops; the main model's
+    perplexity and generation are the same)."""
     _, text_file, tok, text = model
-    directory = write_hf_model(family, tmp_path / family, seed=4)
+    name, _, variant = family.partition("+")
+    directory = write_hf_model(name, tmp_path / name, seed=4)
+    if variant == "mtp":
+        add_mtp_layers(directory, 1)
     tok.save(str(directory / "tokenizer.json"))
     got = json.loads(loong("eval", "perplexity", "--hf", str(directory), "--text", str(text_file),
                            "--seq-length", str(SEQ), "--json"))

@@ -30,5 +30,4 @@ def loong_register_kernels(register):
              description="pure torch: token x vocab tiles, gradients tile by tile; the [N, V] logits never exist")
     register("gated_delta_rule:fla", "loong_kernels.fla.gated_delta_rule:gated_delta_rule",
              reference=f"{_REFERENCE}:gated_delta_rule", available="loong_kernels.availability:fla_available",
-             auto_on=("cuda",), auto_priority=100,
              description="flash-linear-attention's chunked Triton kernel; packed documents as cu_seqlens")

@@ -30,9 +30,10 @@ PLAIN: dict[str, str] = {op: "torch" for op in OPS}
 PLAIN["attention"] = "sdpa"
 
 # Backends that ``auto`` picks on a device type when a plugin registers them without saying
-# (``meta['auto_on']`` overrides): the Triton kernels on CUDA. Higher priority wins.
-DEFAULT_AUTO_ON: dict[str, tuple[str, ...]] = {"triton": ("cuda",)}
-DEFAULT_AUTO_PRIORITY: dict[str, int] = {"triton": 100}
+# (``meta['auto_on']`` overrides): the Triton kernels (loong's, flash-linear-attention's) on CUDA.
+# Higher priority wins.
+DEFAULT_AUTO_ON: dict[str, tuple[str, ...]] = {"triton": ("cuda",), "fla": ("cuda",)}
+DEFAULT_AUTO_PRIORITY: dict[str, int] = {"triton": 100, "fla": 100}
 
 # ``auto`` picks the ``compile`` backends (each reference under ``torch.compile``) on CPU for runs
 # of at least this many steps. Measured end to end on the default experiment

@@ -54,7 +54,7 @@ class FusedQKVRuleSet(RuleSet):
 
 class PartsRuleSet:
     """Rule sets of several model parts behind one :class:`RuleSet` interface (``match``,
-    ``to_loong``, ``to_hf``, ``shard``); each rule is transformed by the part it belongs to."""
+    ``export_names``, ``to_loong``, ``to_hf``, ``shard``); each rule is transformed by the part it belongs to."""
 
     def __init__(self, parts: list[RuleSet]):
         self.parts = parts
@@ -69,6 +69,11 @@ class PartsRuleSet:
             except KeyError:
                 continue
         raise KeyError(loong_name)
+
+    def export_names(self, loong_name: str) -> tuple[Rule, list[str]]:
+        """Like :meth:`match`, with the rule's ``also`` copies (see :meth:`RuleSet.export_names`)."""
+        rule, _ = self.match(loong_name)
+        return self._owner[rule].export_names(loong_name)
 
     def to_loong(self, rule: Rule, tensors: list, rows: int | None = None):
         """Full loong tensor of ``rule`` from its HF tensors."""
