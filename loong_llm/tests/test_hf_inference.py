@@ -70,7 +70,7 @@ def test_perplexity_matches_transformers(model):
 
 
 @pytest.mark.parametrize("family", ["deepseek_v32", "glm4_moe", "minimax_m2", "qwen3_next",
-                                    "qwen3_5", "deepseek_v3+mtp"])
+                                    "qwen3_5", "qwen3_5_moe", "deepseek_v3+mtp"])
 def test_new_families_evaluate_like_transformers_with_the_family_from_config(model, tmp_path, family):
     """``loong eval perplexity --hf DIR`` (no --family) on each newer family's HF folder (with
     ``+mtp``: MTP layers stored, which loong builds and transformers drops; the main model's
