@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from loong_core import kernels
 from loong_core.kernels import reference as ref
 from loong_core.kernels.gated_delta_rule import CHUNK, document_index, gated_delta_rule
+from loong_core.testing import largest_tensor_seen
 
 B, S, H, DK, DV = 2, 150, 3, 16, 24  # s not a multiple of the 64-step chunk; dk != dv
 SCALE = DK ** -0.5
@@ -109,25 +109,12 @@ def test_bf16_inputs_give_bf16_within_bf16_rounding_of_fp32():
     torch.testing.assert_close(out.float(), want, rtol=2 ** -7, atol=2 ** -7)
 
 
-class LargestResult(TorchDispatchMode):
-    """Records the element count of the largest tensor any op returns."""
-
-    largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.numel())
-        return out
-
-
 def test_no_tensor_of_s_squared_elements_forward_or_backward():
     b, s = 1, 8 * CHUNK
     xs = [x.requires_grad_() for x in inputs(torch.float32, b=b, s=s)]
-    with LargestResult() as mode:
+    with largest_tensor_seen() as seen:
         gated_delta_rule(*xs, SCALE, torch.zeros(b, s, dtype=torch.long)).sum().backward()
-    assert mode.largest <= b * H * s * CHUNK  # the per-chunk [C, C] blocks; [s, s] is 8x that
+    assert seen.numel <= b * H * s * CHUNK  # the per-chunk [C, C] blocks; [s, s] is 8x that
 
 
 def test_shape_errors_name_the_bad_argument():

@@ -115,7 +115,7 @@ class SeamGPTModel(GPTModel):
         shifted_labels, shifted_segments = labels, segments
         cp = self.pg_collection.cp
         scale = self.config.mtp_loss_scaling_factor / depth
-        total, count = torch.zeros(()), torch.zeros(())
+        total, count = main.new_zeros((), dtype=torch.float), main.new_zeros((), dtype=torch.float)
         for hidden in mtp_hidden:
             shifted_labels, _ = roll_tensor(shifted_labels, shifts=-1, dims=-1, cp_group=cp)
             mask, _ = roll_tensor(mask, shifts=-1, dims=-1, cp_group=cp)
