@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -122,3 +123,84 @@ def test_indexer_loss_trains_only_the_indexer_and_falls(sparse_loss):
         optimizer.step()
     assert x.grad is None and qr.grad is None  # the indexer reads detached inputs
     assert float(attn.last_loss) < 0.8 * first, (first, float(attn.last_loss))
+
+
+@pytest.fixture(scope="module")
+def tiny_deepseek_v32():
+    """A random tiny DeepSeek-V3.2 (top-4 sparse attention, indexer loss on) on one rank."""
+    from loong_core.testing import megatron_single_rank
+    from loong_llm.families.deepseek_v32.config import DeepSeekV32Config
+    from loong_llm.families.deepseek_v32.model import DeepSeekV32Provider
+
+    with megatron_single_rank():
+        torch.manual_seed(0)
+        provider = DeepSeekV32Provider(DeepSeekV32Config(
+            name="deepseek_v32", num_layers=2, hidden_size=64, num_attention_heads=4,
+            ffn_hidden_size=96, vocab_size=96, max_position_embeddings=256, q_lora_rank=32,
+            kv_lora_rank=16, qk_head_dim=16, qk_pos_emb_head_dim=8, v_head_dim=16, num_experts=4,
+            moe_router_topk=2, moe_ffn_hidden_size=32, moe_layer_freq=[0, 1],
+            dsa_indexer_n_heads=2, dsa_indexer_head_dim=16, dsa_indexer_topk=4,
+            dsa_indexer_loss_coeff=1.0, init_method_std=0.1))
+        config = provider.megatron_config({})
+        yield provider.build_megatron_model(config, pre_process=True, post_process=True, vp_stage=None)
+
+
+def test_packed_documents_equal_each_document_alone(tiny_deepseek_v32):
+    """Each packed document selects its top-k among its own keys: its logits and its indexer
+    loss terms are those of the document run alone; without the borders they differ."""
+    from loong_core.kernels.segment_mask import segment_mask
+    from loong_llm.data.packing import packed_sample
+    from loong_llm.families.deepseek_v32.dsa_attention import DSACoreAttention
+
+    model = tiny_deepseek_v32
+    layers = [m for m in model.modules() if isinstance(m, DSACoreAttention)]
+    rng = np.random.default_rng(0)
+    lengths = [9, 17, 3, 12]  # one shorter than top-4: dense inside it
+    docs = [rng.integers(1, 96, size=n + 1) for n in lengths]
+    seq = sum(lengths)
+    sample = packed_sample([(d, np.ones_like(d)) for d in docs], seq_length=seq, pad_id=0)
+    model.train()
+    with torch.no_grad(), torch.enable_grad():
+        packed = model(sample["tokens"][None], sample["position_ids"][None],
+                       segment_mask(sample["segment_ids"][None]))[0]
+        packed_kl = sum(float(m.last_loss) for m in layers) * seq
+        start, worst, alone_kl = 0, 0.0, 0.0
+        for d, n in zip(docs, lengths):
+            alone = model(torch.as_tensor(d[:-1], dtype=torch.long)[None], torch.arange(n)[None], None)[0]
+            worst = max(worst, (packed[start: start + n] - alone).abs().max().item())
+            alone_kl += sum(float(m.last_loss) for m in layers) * n
+            start += n
+        leaky = model(sample["tokens"][None], sample["position_ids"][None], None)[0]
+    assert worst < 1e-4, worst
+    assert packed_kl == pytest.approx(alone_kl, rel=1e-5) and packed_kl > 0
+    second = slice(lengths[0], lengths[0] + lengths[1])
+    assert (leaky[second] - packed[second]).abs().max() > 1e-2
+
+
+def test_published_config_reads_as_the_671b_yaml():
+    """transformers' DeepSeek-V3.2 defaults with the published YaRN extension (factor 40 of a 4k
+    context) are the shape ``model=deepseek_v32_671b`` composes."""
+    from pathlib import Path
+
+    import transformers as tf
+    import yaml
+
+    import loong_llm
+    from loong_llm.families.deepseek_v32.hf_adapter import DeepSeekV32HFAdapter
+
+    conf = Path(loong_llm.__file__).parent / "conf" / "model"
+    expected = yaml.safe_load((conf / "deepseek_v3_671b.yaml").read_text())
+    own = yaml.safe_load((conf / "deepseek_v32_671b.yaml").read_text())
+    assert own.pop("defaults") == ["deepseek_v3_671b", "_self_"]
+    expected.update(own)
+    for key in ("name", "dsa_indexer_loss_coeff", "dsa_indexer_use_sparse_loss"):  # not in config.json
+        expected.pop(key)
+    yarn = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "beta_fast": 32.0,
+            "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+            "original_max_position_embeddings": 4096}
+    fields = DeepSeekV32HFAdapter().config_from_hf(tf.DeepseekV32Config(rope_parameters=yarn).to_dict())
+    got = {k: fields[k] for k in expected}
+    scaling = got.pop("rope_scaling")
+    assert {k: getattr(scaling, k) for k in expected.pop("rope_scaling")} == {
+        k: v for k, v in yarn.items() if k != "rope_theta"}
+    assert got == expected

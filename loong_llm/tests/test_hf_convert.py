@@ -68,7 +68,6 @@ CASES = {  # name: (family, hf-to-loong flags, source dtype, config overrides)
     "qwen3_yarn": ("qwen3", [], None, {"rope_parameters": {
         "rope_type": "yarn", "rope_theta": 1000000.0, "factor": 4.0,
         "original_max_position_embeddings": 32768}, "max_position_embeddings": 131072}),
-    "deepseek_v32_bf16": ("deepseek_v32", [], "bfloat16", {}),
     "glm4_moe_bf16": ("glm4_moe", [], "bfloat16", {}),
     "minimax_m2_bf16": ("minimax_m2", [], "bfloat16", {}),
     "qwen3_next_bf16": ("qwen3_next", [], "bfloat16", {}),
@@ -87,12 +86,17 @@ SHARDED = {
 }
 
 
-# Multi-token prediction layers stored with the model (DeepSeek-V3, GLM-4.5: the copies of the
-# embedding and output head in each MTP layer are written back too): case -> (family, flags,
-# source dtype, depth).
+# Multi-token prediction layers stored with the model (DeepSeek-V3 / V3.2, GLM-4.5: the copies
+# of the embedding and output head in each MTP layer are written back too): case -> (family,
+# flags, source dtype, depth, config overrides).
 MTP_CASES = {
-    "deepseek_v3_mtp_bf16": ("deepseek_v3", [], "bfloat16", 1),
-    "glm4_moe_mtp2_tp2_ep2": ("glm4_moe", ["--tp", "2", "--ep", "2"], None, 2),
+    "deepseek_v3_mtp_bf16": ("deepseek_v3", [], "bfloat16", 1, {}),
+    # DeepSeek-V3.2 as published: YaRN (factor 40), an MTP layer with its own indexer, bf16
+    "deepseek_v32_yarn_mtp_bf16": ("deepseek_v32", [], "bfloat16", 1, {"rope_parameters": {
+        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0,
+        "original_max_position_embeddings": 4096, "beta_fast": 32, "beta_slow": 1, "mscale": 1.0,
+        "mscale_all_dim": 1.0}, "max_position_embeddings": 163840}),
+    "glm4_moe_mtp2_tp2_ep2": ("glm4_moe", ["--tp", "2", "--ep", "2"], None, 2, {}),
 }
 
 
@@ -131,8 +135,8 @@ def test_round_trip_is_bit_exact(tmp_path, case):
 @pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.multirank) if MTP_CASES[c][1] else c
                                   for c in MTP_CASES])
 def test_round_trip_with_mtp_layers_is_bit_exact(tmp_path, case):
-    family, flags, dtype, depth = MTP_CASES[case]
-    _round_trip(tmp_path, family, flags, dtype, {}, mtp_depth=depth)
+    family, flags, dtype, depth, overrides = MTP_CASES[case]
+    _round_trip(tmp_path, family, flags, dtype, overrides, mtp_depth=depth)
 
 
 @pytest.mark.multirank

@@ -69,7 +69,7 @@ def test_perplexity_matches_transformers(model):
     assert got["perplexity"] == pytest.approx(perplexity, rel=1e-5)
 
 
-@pytest.mark.parametrize("family", ["deepseek_v32", "glm4_moe", "minimax_m2", "qwen3_next",
+@pytest.mark.parametrize("family", ["deepseek_v32+mtp", "glm4_moe", "minimax_m2", "qwen3_next",
                                     "qwen3_5", "qwen3_5_moe", "deepseek_v3+mtp"])
 def test_new_families_evaluate_like_transformers_with_the_family_from_config(model, tmp_path, family):
     """``loong eval perplexity --hf DIR`` (no --family) on each newer family's HF folder (with

@@ -1,6 +1,6 @@
 """Our families compute the same function as transformers' reference: logits of a tiny random
 model loaded through ``model.init_from_hf`` match within 1e-5 relative to the largest logit (fp32)
-at TP1, TP2, PP2 and EP2; with multi-token prediction layers stored (DeepSeek-V3, GLM-4.5), so do
+at TP1, TP2, PP2 and EP2; with multi-token prediction layers stored (DeepSeek-V3 / V3.2, GLM-4.5), so do
 each depth's logits, computed from transformers' modules (TP1, TP2, EP2)."""
 
 from __future__ import annotations
@@ -33,11 +33,17 @@ VARIANTS = {
         "max_position_embeddings": LONG}, LONG),
     # GQA YaRN (Qwen3 long-context style: attention factor 0.1 ln(factor) + 1 on q and k)
     "qwen3+yarn": ("qwen3", {"rope_parameters": YARN, "max_position_embeddings": LONG}, LONG),
+    # DeepSeek-V3.2 as published: YaRN (the indexer's RoPE too, with its attention factor on
+    # cos/sin) at 4x the original context, top-6 of 64 keys
+    "deepseek_v32+yarn": ("deepseek_v32", {"rope_parameters": {
+        **YARN, "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.8},
+        "max_position_embeddings": LONG}, LONG),
     # DeepSeek-V2-Lite style: no q_lora_rank, megatron-core MLA's full query projection
     "deepseek_v2+lite": ("deepseek_v2", {"q_lora_rank": None}, 16),
 }
 # MTP dir -> (family, depth): the tp1, tp2 and ep2 jobs (megatron-core's MTP needs no PP here)
-MTP = {"deepseek_v3+mtp": ("deepseek_v3", 1), "glm4_moe+mtp": ("glm4_moe", 2)}
+MTP = {"deepseek_v3+mtp": ("deepseek_v3", 1), "deepseek_v32+mtp": ("deepseek_v32", 1),
+       "glm4_moe+mtp": ("glm4_moe", 2)}
 TOLERANCE = 1e-5  # relative: max |loong - transformers| / max |transformers|
 
 

@@ -159,6 +159,7 @@ def add_mtp_layers(hf_dir: Path, depth: int = 1, seed: int = 1) -> Path:
     dtype = main["model.embed_tokens.weight"].dtype
     head = main.get("lm_head.weight", main["model.embed_tokens.weight"])
     layer_cls = type(tf.AutoModelForCausalLM.from_config(config).model.layers[-1])
+    _extend_layer_types(config, depth)
     torch.manual_seed(seed)
     tensors, h = {}, config.hidden_size
     for k in range(depth):
@@ -184,6 +185,16 @@ def add_mtp_layers(hf_dir: Path, depth: int = 1, seed: int = 1) -> Path:
     hf["num_nextn_predict_layers"] = depth
     config_path.write_text(json.dumps(hf, indent=2))
     return hf_dir
+
+
+def _extend_layer_types(config, depth: int) -> None:
+    """Let transformers' decoder-layer class be built at the MTP indices ``num_hidden_layers +
+    k``: a config with per-layer lists (DeepSeek-V3.2's ``mlp_layer_types``) gets ``depth`` more
+    entries, each a copy of the last layer's (an MTP layer is built like the last decoder layer)."""
+    for key in ("mlp_layer_types",):
+        types = getattr(config, key, None)
+        if types and len(types) == config.num_hidden_layers:
+            setattr(config, key, [*types, *[types[-1]] * depth])
 
 
 def _split_fused_experts(tensors: dict, prefix: str) -> None:
@@ -233,10 +244,13 @@ def mtp_reference_logits(model, hf_dir: Path, tokens) -> list:
     ``RMSNorm``-ed, next to the normed embedding of the tokens shifted by ``k + 1``, through
     ``eh_proj``, one decoder layer (causal, positions ``0..s-1``), ``shared_head.norm`` and the
     output head (positions whose shifted token is past the end hold no prediction)."""
+    import copy
+
     import torch
     from safetensors.torch import load_file
 
-    cfg = model.config
+    cfg = copy.deepcopy(model.config)
+    _extend_layer_types(cfg, mtp_depth(hf_dir))
     weights = load_file(Path(hf_dir) / "mtp.safetensors")
     norm_cls, layer_cls = type(model.model.norm), type(model.model.layers[-1])
     b, s = tokens.shape

@@ -182,8 +182,9 @@ class MegatronEngine(Engine):
         vec[-1] = items
         torch.distributed.all_reduce(vec)
         loss = (vec[0] / vec[1]).item() if vec[1] > 0 else float("nan")
-        extra = {name: (vec[2 * i] / max(vec[2 * i + 1].item(), 1.0)).item()
-                 for i, name in enumerate(names) if i > 0}
+        # a metric no micro batch reported (training-only ones at validation) is left out, not 0
+        extra = {name: (vec[2 * i] / vec[2 * i + 1]).item()
+                 for i, name in enumerate(names) if i > 0 and vec[2 * i + 1] > 0}
         return loss, vec[1].item(), extra, vec[-1].item()
 
     def train_step(self, micro_batches: list[dict]) -> StepResult:

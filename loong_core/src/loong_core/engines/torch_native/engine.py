@@ -123,8 +123,9 @@ class TorchEngine(Engine):
         torch.distributed.all_reduce(stats)
         values = stats.tolist()  # the step's only host synchronisation
         loss = values[1] / values[2] if values[2] > 0 else math.nan
-        extra = {name: values[1 + 2 * i] / max(values[2 + 2 * i], 1.0)
-                 for i, name in enumerate(self.metric_names) if i > 0}
+        # a metric no micro batch reported (training-only ones at validation) is left out, not 0
+        extra = {name: values[1 + 2 * i] / values[2 + 2 * i]
+                 for i, name in enumerate(self.metric_names) if i > 0 and values[2 + 2 * i] > 0}
         return loss, values[0], extra
 
     def _stats(self) -> torch.Tensor:

@@ -48,6 +48,3 @@ class DeepSeekV32Config(DeepSeekV3Config):
                 "'parallel.context_parallel_size' > 1 with model 'deepseek_v32': DeepSeek sparse "
                 "attention selects keys over the whole sequence and is not split over CP ranks "
                 "yet; use parallel.context_parallel_size=1 (TP, PP, EP and DP work).")
-        if self.rope_scaling.rope_type != "default":
-            raise ConfigError(f"'{path}.rope_scaling.rope_type' = {self.rope_scaling.rope_type!r}: "
-                              "the DSA indexer supports only default RoPE so far.")

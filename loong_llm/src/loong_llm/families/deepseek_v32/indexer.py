@@ -34,14 +34,18 @@ class LightningIndexer(torch.nn.Module):
         n_heads: Indexer heads (``dsa_indexer_n_heads``).
         head_dim: Indexer head width (``dsa_indexer_head_dim``).
         rope_dim: Channels rotated by RoPE (``qk_pos_emb_head_dim``).
-        inv_freq: RoPE inverse frequencies ``[rope_dim / 2]``.
+        inv_freq: RoPE inverse frequencies ``[rope_dim / 2]`` (YaRN's when the model uses it).
         init_std: Std of the normal initialisation.
+        rope_scale: Scale of cos and sin (YaRN's attention factor, as the model's own RoPE
+            applies it; 1 without YaRN).
     """
 
     def __init__(self, hidden_size: int, q_lora_rank: int, n_heads: int, head_dim: int,
-                 rope_dim: int, inv_freq: torch.Tensor, init_std: float = 0.02):
+                 rope_dim: int, inv_freq: torch.Tensor, init_std: float = 0.02,
+                 rope_scale: float = 1.0):
         super().__init__()
         self.n_heads, self.head_dim, self.rope_dim = n_heads, head_dim, rope_dim
+        self.rope_scale = float(rope_scale)
         self.linear_wq_b = torch.nn.Linear(q_lora_rank, n_heads * head_dim, bias=False)
         self.linear_wk = torch.nn.Linear(hidden_size, head_dim, bias=False)
         self.k_norm = torch.nn.LayerNorm(head_dim, eps=1e-6)
@@ -56,7 +60,7 @@ class LightningIndexer(torch.nn.Module):
         s, b = x.shape[:2]
         angles = torch.arange(s, device=x.device, dtype=torch.float32)[:, None] * self.inv_freq
         angles = torch.cat((angles, angles), dim=-1).view(s, 1, 1, -1)
-        cos, sin = angles.cos(), angles.sin()
+        cos, sin = angles.cos() * self.rope_scale, angles.sin() * self.rope_scale
         q = self.linear_wq_b(qr).view(s, b, self.n_heads, self.head_dim).float()
         k = self.k_norm(self.linear_wk(x)).view(s, b, 1, self.head_dim).float()
         q, k = _rotate_half_rope(q, cos, sin), _rotate_half_rope(k, cos, sin).squeeze(2)

@@ -36,7 +36,8 @@ class DeepSeekV32Provider(DeepSeekV3Provider):
                       topk=c.dsa_indexer_topk, loss_coeff=c.dsa_indexer_loss_coeff,
                       sparse_loss=c.dsa_indexer_use_sparse_loss,
                       dense_warmup=c.dsa_indexer_dense_warmup,
-                      inv_freq=rope.inv_freq(c.qk_pos_emb_head_dim, c.rotary_base, c.rope_scaling))
+                      inv_freq=rope.inv_freq(c.qk_pos_emb_head_dim, c.rotary_base, c.rope_scaling),
+                      rope_scale=rope.attention_factor(c.rope_scaling))
         for layer in spec.layer_specs:
             layer.submodules.self_attention.submodules.core_attention = ModuleSpec(
                 module=DSACoreAttention, params=params)
