@@ -4,6 +4,7 @@ data: LLaVA digits demo set, packed sequences with images of several sizes and v
 Qwen2.5-VL: CP2; a checkpoint saved on one rank resumes at CP2; CP2 x DP2 with the kk_swap data
 balancer (the balancer spreads samples over the 2 DP ranks, both CP ranks of a DP rank read the
 same ones). Qwen3-VL (interleaved MRoPE, deepstack additions sliced like the decoder input): CP2.
+Qwen3-VL-MoE: CP2 x EP2.
 """
 
 from __future__ import annotations
@@ -56,3 +57,23 @@ def test_qwen3_vl_cp2(tmp_path):
     assert ref[STEPS] < ref[1] - 0.1
     _run([*common, CP2, f"trainer.run_dir={tmp_path / 'cp2'}"], 2, "CP=2 EP=1 DP=1")
     assert_loss_curve(losses(tmp_path / "cp2"), ref, range(1, STEPS + 1), "qwen3_vl cp2")
+
+
+@pytest.mark.multirank
+def test_qwen3_vl_moe_cp2_x_ep2(tmp_path):
+    """Qwen3-VL-MoE: the experts split over 2 expert-parallel ranks and the sequence over 2
+    context-parallel ranks (the vision tower whole on each) follow the one-rank curve, and the
+    foundation's router statistics are logged with the VLM's loss and accuracy. Both start from
+    a one-rank checkpoint (megatron-core initialises the experts of each EP rank from its own
+    seed)."""
+    run_train(["experiment=qwen3_vl_moe_debug", *COMMON[1:], "trainer.train_iters=1", "trainer.save_at_end=true",
+               f"trainer.run_dir={tmp_path / 'init'}"])
+    common = ["experiment=qwen3_vl_moe_debug", *COMMON,
+              f"trainer.init_from={tmp_path / 'init' / 'checkpoints' / 'iter_0000001'}"]
+    run_train([*common, f"trainer.run_dir={tmp_path / 'ref'}"])
+    ref = losses(tmp_path / "ref")
+    assert ref[STEPS] < ref[1] - 0.1
+    assert all(r["moe_imbalance"] >= 1.0 for r in read_metrics(tmp_path / "ref"))
+    _run([*common, CP2, "parallel.expert_model_parallel_size=2", f"trainer.run_dir={tmp_path / 'cp2_ep2'}"],
+         2, "CP=2 EP=2 DP=1")
+    assert_loss_curve(losses(tmp_path / "cp2_ep2"), ref, range(1, STEPS + 1), "qwen3_vl_moe cp2 x ep2")

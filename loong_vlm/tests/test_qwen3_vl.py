@@ -1,7 +1,9 @@
 """Qwen3-VL computes transformers' ``Qwen3VLForConditionalGeneration``: position ids equal
 ``get_rope_index``, interleaved MRoPE angles equal its rotary embedding, logits of a tiny random
 model with two images of different sizes and a video match within 1e-4 (fp32) at TP1 and TP2,
-and HF -> loong -> HF through ``loong convert`` is bit-exact."""
+and HF -> loong -> HF through ``loong convert`` is bit-exact. Qwen3-VL-MoE
+(``Qwen3VLMoeForConditionalGeneration``, stacked experts) likewise at EP2 and TP2 (SP), with
+its round trip through an EP2 checkpoint in bf16."""
 
 from __future__ import annotations
 
@@ -24,6 +26,11 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory):
     return testing.write_hf_model(tmp_path_factory.mktemp("qwen3_vl") / "hf")
+
+
+@pytest.fixture(scope="module")
+def moe_hf_dir(tmp_path_factory):
+    return testing.write_hf_model(tmp_path_factory.mktemp("qwen3_vl_moe") / "hf", seed=1, moe=True)
 
 
 def parity(hf_dir, out, nproc: int, *flags: str) -> dict:
@@ -67,11 +74,19 @@ def test_logits_match_transformers_at_tp2_with_and_without_sequence_parallel(hf_
     assert diffs["max_abs_diff"] < TOLERANCE and diffs["max_abs_diff_sp"] < TOLERANCE
 
 
-def round_trip(hf_dir, tmp_path, *layout: str) -> None:
+@pytest.mark.multirank
+@pytest.mark.parametrize("flags", [("--ep", "2"), ("--tp", "2", "--sp")], ids=["ep2", "tp2_sp"])
+def test_moe_logits_match_transformers_when_sharded(moe_hf_dir, tmp_path, flags):
+    """EP2 (every non-expert weight whole on each rank, as at TP1) and TP2 with sequence
+    parallelism (megatron-core's MoE under TP needs it)."""
+    assert all(d < TOLERANCE for d in parity(moe_hf_dir, tmp_path / "out.json", 2, *flags).values())
+
+
+def round_trip(hf_dir, tmp_path, *layout: str, family: str = "qwen3_vl") -> None:
     """HF -> loong (at ``layout``) -> HF through ``loong convert``: same tensors, same config.json."""
     from safetensors.torch import load_file
 
-    for args in (["hf-to-loong", "--family", "qwen3_vl", *layout, str(hf_dir), str(tmp_path / "ckpt")],
+    for args in (["hf-to-loong", "--family", family, *layout, str(hf_dir), str(tmp_path / "ckpt")],
                  ["loong-to-hf", str(tmp_path / "ckpt"), str(tmp_path / "back")]):
         result = subprocess.run([sys.executable, "-m", "loong_core.cli.main", "convert", *args], capture_output=True,
                                 text=True, timeout=600, env=ENV)
@@ -93,6 +108,46 @@ def test_hf_to_loong_to_hf_is_bit_exact_in_bf16(hf_dir, tmp_path):
 @pytest.mark.multirank
 def test_hf_to_loong_at_tp2_to_hf_is_bit_exact(hf_dir, tmp_path):
     round_trip(hf_dir, tmp_path, "--tp", "2")  # the TP2 checkpoint reshards to one rank on export
+
+
+@pytest.mark.multirank
+def test_moe_hf_to_loong_at_ep2_to_hf_is_bit_exact_in_bf16(moe_hf_dir, tmp_path):
+    """Stacked experts split over 2 EP ranks and stacked again on export, in the source's bf16."""
+    from loong_llm.hf.testing import bf16_copy
+
+    round_trip(bf16_copy(moe_hf_dir, tmp_path / "bf16_src"), tmp_path, "--ep", "2", family="qwen3_vl_moe")
+
+
+def test_stacked_experts_read_in_both_layouts_and_write_transformers_layout(tmp_path):
+    """Per-expert views of ``gate_up_proj [E, 2I, H]`` / ``down_proj [E, H, I]`` (transformers'
+    layout) and of their transposes (the published checkpoints'), and the stacker's inverse."""
+    from safetensors.torch import save_file
+
+    from loong_llm.hf.io import SafetensorsReader
+    from loong_llm.hf.stacked_experts import ExpertStacker, StackedExpertsReader
+
+    experts, inter, hidden = 3, 5, 8
+    gate_up, down = torch.randn(experts, 2 * inter, hidden), torch.randn(experts, hidden, inter)
+    mlp = "model.language_model.layers.0.mlp.experts."
+    for layout, (a, b) in {"transformers": (gate_up, down),
+                           "published": (gate_up.transpose(1, 2), down.transpose(1, 2))}.items():
+        directory = tmp_path / layout
+        directory.mkdir()
+        save_file({mlp + "gate_up_proj": a.contiguous(), mlp + "down_proj": b.contiguous(),
+                   "lm_head.weight": torch.ones(2)}, directory / "model.safetensors")
+        reader = StackedExpertsReader(SafetensorsReader(directory), hidden)
+        assert len(reader.keys()) == 3 * experts + 1 and "lm_head.weight" in reader.keys()
+        stacker = ExpertStacker(experts)
+        written = []
+        for e in range(experts):
+            gate, up = reader.get(f"{mlp}{e}.gate_proj.weight"), reader.get(f"{mlp}{e}.up_proj.weight")
+            assert torch.equal(torch.cat([gate, up]), gate_up[e]), layout
+            assert torch.equal(reader.get(f"{mlp}{e}.down_proj.weight"), down[e]), layout
+            for part, tensor in (("gate_proj", gate), ("up_proj", up), ("down_proj", down[e])):
+                written += stacker.add(f"{mlp}{e}.{part}.weight", tensor)
+        stacker.close()
+        assert [n for n, _ in written] == [mlp + "gate_up_proj", mlp + "down_proj"]
+        assert torch.equal(written[0][1], gate_up) and torch.equal(written[1][1], down)
 
 
 def deepstack_gradients(recompute: bool, state: dict | None = None) -> tuple[dict, dict]:

@@ -35,6 +35,9 @@ def loong_register_models(register):
     register("qwen3_vl", "loong_vlm.qwen3_vl.model:Qwen3VLProvider",
              config="loong_vlm.qwen3_vl.config:Qwen3VLConfig", engines=("megatron",), role="composer",
              description="Qwen3-VL: qwen3_vit (merger + deepstack) + Qwen3 decoder with interleaved MRoPE (HF interop)")
+    register("qwen3_vl_moe", "loong_vlm.qwen3_vl.model:Qwen3VLMoeProvider",
+             config="loong_vlm.qwen3_vl.config:Qwen3VLMoeConfig", engines=("megatron",), role="composer",
+             description="Qwen3-VL-MoE: qwen3_vit + Qwen3-MoE decoder (EP), interleaved MRoPE (HF interop)")
     register("qwen3_vit", "loong_vlm.encoders.qwen3_vit:Qwen3ViTEncoder",
              config="loong_vlm.qwen3_vl.config:Qwen3ViTConfig", role="encoder",
              description="Qwen3-VL ViT: dynamic resolution, resampled learned positions, 2D RoPE, deepstack mergers")
@@ -49,6 +52,8 @@ def loong_register_checkpoint_adapters(register):
              description="Hugging Face <-> loong for Qwen2.5-VL (vision tower included)")
     register("qwen3_vl", "loong_vlm.qwen3_vl.hf_adapter:Qwen3VLHFAdapter",
              description="Hugging Face <-> loong for Qwen3-VL (vision tower and deepstack mergers included)")
+    register("qwen3_vl_moe", "loong_vlm.qwen3_vl.moe_hf_adapter:Qwen3VLMoeHFAdapter",
+             description="Hugging Face <-> loong for Qwen3-VL-MoE (stacked experts, vision tower included)")
 
 
 @hookimpl

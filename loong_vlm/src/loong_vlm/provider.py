@@ -38,6 +38,14 @@ def _load_component(name: str, role: str | None, path: str):
     return entry.load()
 
 
+def _language_model(model):
+    """The foundation's module inside a (wrapped) composed model."""
+    inner = model
+    while not hasattr(inner, "language_model") and hasattr(inner, "module"):
+        inner = inner.module
+    return inner.language_model
+
+
 class VLMProvider(ModelProvider):
     """Encoder -> projector -> features at image placeholders -> foundation decoder.
 
@@ -57,6 +65,9 @@ class VLMProvider(ModelProvider):
     def __init__(self, config: VLMConfig):
         super().__init__(config)
         self.foundation = _load_component(config.foundation.name, None, "model.foundation.name")(config.foundation)
+        # the foundation's own per-step metrics (MoE router statistics, MTP loss, ...) too
+        extra = [m for m in getattr(self.foundation, "reported_metrics", ()) if m not in type(self).reported_metrics]
+        self.reported_metrics = (*type(self).reported_metrics, *extra)
         self.encoder_cls = _load_component(config.encoder.name, "encoder", "model.encoder.name")
         self.projector_cls = _load_component(config.projector.name, "projector", "model.projector.name")
         self.parallel_kwargs: dict[str, Any] = {}
@@ -168,6 +179,8 @@ class VLMProvider(ModelProvider):
                 "loss": torch.stack([loss_sum.detach(), loss_mask.sum()]),
                 "accuracy": torch.stack([(correct * answer_mask).sum(), answer_mask.sum()]),
             }
+            if hasattr(self.foundation, "step_metrics"):
+                metrics.update(self.foundation.step_metrics(_language_model(model)))
             return loss_sum, loss_mask.sum().to(torch.int), metrics
 
         return logits, loss_func

@@ -94,3 +94,9 @@ class HFAdapter:
                       head_dim=cfg.head_dim(), vocab_size=cfg.vocab_size,
                       rope_dim=getattr(cfg, "qk_pos_emb_head_dim", 0))
         return RuleSet(self.rules(cfg), shape)
+
+    def export_stacker(self, cfg):
+        """What regroups the HF tensors the rules make before they are written (an
+        :class:`~loong_llm.hf.stacked_experts.ExpertStacker` for checkpoints that stack their
+        experts), or None: every tensor is written as the rules make it."""
+        return None

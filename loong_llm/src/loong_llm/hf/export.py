@@ -46,22 +46,28 @@ def export_state(adapter, cfg, state: dict, out_dir: str | Path, dtype: str = "b
         except KeyError:
             raise CheckpointError(f"no HF mapping for {name!r} in the '{adapter.family}' "
                                   f"family.") from None
+    def hf_tensors(get, stacker):
+        """``(HF name, tensor)`` in writing order (``get``: loong name -> full tensor)."""
+        for name in names:
+            rule, hf_names = matched[name]
+            if rule.export:
+                for hf_name, tensor in zip(hf_names, rules.to_hf(rule, get(name))):
+                    yield from (stacker.add(hf_name, tensor) if stacker else [(hf_name, tensor)])
+            yield None, None  # one loong tensor done
+        if stacker:
+            stacker.close()
+
     # The layout first (shapes from meta tensors), so that every tensor is written as it is made.
     meta = state.meta if hasattr(state, "meta") else (lambda n: state[n].to("meta"))
-    plan = []
-    for name in names:
-        rule, hf_names = matched[name]
-        if rule.export:
-            plan += [(h, tuple(t.shape), DTYPES[dtype])
-                     for h, t in zip(hf_names, rules.to_hf(rule, meta(name)))]
+    plan = [(h, tuple(t.shape), DTYPES[dtype])
+            for h, t in hf_tensors(meta, adapter.export_stacker(cfg)) if h is not None]
     writer = ShardWriter(out_dir, plan, max_shard_bytes)
     progress = Progress(len(names), f"writing {out_dir}")
-    for name in names:
-        rule, hf_names = matched[name]
-        if rule.export:
-            for hf_name, tensor in zip(hf_names, rules.to_hf(rule, state[name])):
-                writer.add(hf_name, tensor.to(DTYPES[dtype]))
-        progress.update()
+    for hf_name, tensor in hf_tensors(state.__getitem__, adapter.export_stacker(cfg)):
+        if hf_name is None:
+            progress.update()
+        else:
+            writer.add(hf_name, tensor.to(DTYPES[dtype]))
     writer.close()
     progress.close()
     config = adapter.full_hf_config(cfg, hf_config_base, dtype)

@@ -76,6 +76,10 @@ class SafetensorsReader:
         begin, end = entry["data_offsets"]
         return end - begin
 
+    def shape(self, name: str) -> list[int]:
+        """Shape of tensor ``name`` (from the header; nothing is read)."""
+        return list(self._entries[name][1]["shape"])
+
     def __contains__(self, name: str) -> bool:
         return name in self.weight_map
 

@@ -119,3 +119,18 @@ class Qwen3VLConfig(VLMConfig):
     def lora(self):
         """The foundation's LoRA settings (``loong convert`` and the trainer ask the model)."""
         return getattr(self.foundation, "lora", None)
+
+
+def _qwen3_moe_text() -> ModelConfig:
+    from loong_llm.families.qwen3_moe.config import Qwen3MoEConfig
+
+    return Qwen3MoEConfig(name="qwen3_moe", position_embedding_type="mrope", mrope_section=[24, 20, 20])
+
+
+@dataclass
+class Qwen3VLMoeConfig(Qwen3VLConfig):
+    """Qwen3-VL-MoE: Qwen3-VL with a ``qwen3_moe`` foundation (every layer MoE, top-k softmax
+    router renormalised, expert parallel); ``init_from_hf`` reads a
+    ``Qwen3VLMoeForConditionalGeneration`` directory."""
+
+    foundation: ModelConfig = component("model", default_factory=_qwen3_moe_text)

@@ -36,6 +36,7 @@ class Qwen3VLHFAdapter(HFAdapter):
     model_types = ("qwen3_vl",)
     architecture = "Qwen3VLForConditionalGeneration"
     text = Qwen3HFAdapter()
+    text_model_type, vision_model_type = "qwen3_vl_text", "qwen3_vl_vision"
 
     # -- config ----------------------------------------------------------------------------
     def config_from_hf(self, hf: dict) -> dict[str, Any]:
@@ -43,7 +44,8 @@ class Qwen3VLHFAdapter(HFAdapter):
         text, vision = dict(hf.get("text_config") or {}), dict(hf.get("vision_config") or {})
         if not text or not vision:
             raise ConfigError("a Qwen3-VL config.json needs text_config and vision_config.")
-        text.setdefault("tie_word_embeddings", hf.get("tie_word_embeddings", False))
+        # the top-level key decides (transformers ties by it; text_config may keep its own default)
+        text["tie_word_embeddings"] = hf.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
         foundation = self.text.config_from_hf(text)
         rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
         foundation.update(position_embedding_type="mrope", mrope_section=list(rope.get("mrope_section", [24, 20, 20])))
@@ -65,8 +67,8 @@ class Qwen3VLHFAdapter(HFAdapter):
         vision = {key: getattr(e, loong) for loong, key in _VISION_FIELDS.items()}
         vision["deepstack_visual_indexes"] = list(e.deepstack_visual_indexes)
         vision["rope_parameters"] = {"rope_type": "axial", "rope_theta": e.rope_theta}
-        return {"text_config": {**text, "model_type": "qwen3_vl_text"},
-                "vision_config": {**vision, "model_type": "qwen3_vl_vision"},
+        return {"text_config": {**text, "model_type": self.text_model_type},
+                "vision_config": {**vision, "model_type": self.vision_model_type},
                 "image_token_id": cfg.image_token_id, "video_token_id": cfg.video_token_id,
                 "tie_word_embeddings": tie}
 

@@ -77,12 +77,13 @@ class Qwen3VLProvider(VLMProvider):
     (architecture and weights, vision tower included)."""
 
     config: Qwen3VLConfig
+    hf_family = "qwen3_vl"  # the checkpoint adapter of model.init_from_hf
 
     def __init__(self, config: Qwen3VLConfig):
         if config.init_from_hf:
             from loong_llm.hf.registry import get_adapter
 
-            get_adapter("qwen3_vl").apply_hf_config(config, config.init_from_hf)
+            get_adapter(self.hf_family).apply_hf_config(config, config.init_from_hf)
         if getattr(config.foundation, "position_embedding_type", None) != "mrope":
             raise ConfigError("Qwen3-VL needs MRoPE positions: set model.foundation.position_embedding_type"
                               "=mrope and model.foundation.mrope_section (e.g. [24, 20, 20]).")
@@ -111,25 +112,32 @@ class Qwen3VLProvider(VLMProvider):
         from loong_llm.hf.registry import get_adapter
 
         if ps.get_pipeline_model_parallel_world_size() > 1:
-            raise ConfigError("loading a Qwen3-VL HF checkpoint supports pipeline_model_parallel_size=1 "
+            raise ConfigError(f"loading a {self.hf_family} HF checkpoint supports pipeline_model_parallel_size=1 "
                               "only (convert at PP1; loong checkpoints reshard to other layouts).")
         encoder_tp = getattr(self.config.encoder, "tensor_model_parallel_size", None)
         if encoder_tp not in (None, ps.get_tensor_model_parallel_world_size()):
             raise ConfigError(
-                f"loading a Qwen3-VL HF checkpoint with model.encoder.tensor_model_parallel_size={encoder_tp} "
+                f"loading a {self.hf_family} HF checkpoint with model.encoder.tensor_model_parallel_size={encoder_tp} "
                 f"(the foundation's is {ps.get_tensor_model_parallel_world_size()}) is not supported; convert "
                 "with `loong convert hf-to-loong` at the uniform layout and start from it with "
                 "trainer.init_from (loong checkpoints load into any encoder layout).")
-        load_hf_into_chunks(get_adapter("qwen3_vl"), self.config, chunks, self.config.init_from_hf)
+        load_hf_into_chunks(get_adapter(self.hf_family), self.config, chunks, self.config.init_from_hf)
 
     def hf_parts(self, chunks: list[Any]):
         """The :class:`~loong_llm.hf.load.HFParts` of ``model.init_from_hf`` (streaming converter)."""
         from loong_llm.hf.load import HFParts
         from loong_llm.hf.registry import get_adapter
 
-        return HFParts(get_adapter("qwen3_vl"), self.config, chunks, self.config.init_from_hf)
+        return HFParts(get_adapter(self.hf_family), self.config, chunks, self.config.init_from_hf)
 
     def attach_adapters(self, chunks: list[Any]) -> None:
         """LoRA is not wired into the VLM yet (``loong convert`` asks every model)."""
         if self.config.lora is not None and self.config.lora.enabled:
-            raise ConfigError("model.foundation.lora is not supported by qwen3_vl yet; set lora.rank=0.")
+            raise ConfigError(f"model.foundation.lora is not supported by {self.hf_family} yet; set lora.rank=0.")
+
+
+class Qwen3VLMoeProvider(Qwen3VLProvider):
+    """Qwen3-VL-MoE: :class:`Qwen3VLProvider` over a ``qwen3_moe`` foundation; ``model.init_from_hf``
+    loads a ``Qwen3VLMoeForConditionalGeneration`` directory."""
+
+    hf_family = "qwen3_vl_moe"

@@ -1,10 +1,12 @@
-"""Testing kit of Qwen3-VL: a tiny random ``Qwen3VLForConditionalGeneration`` (built in code, no
-downloads), a batch with two images of different sizes and a 2-frame video, and a parity check
-of our model's logits against transformers'.
+"""Testing kit of Qwen3-VL and Qwen3-VL-MoE: a tiny random ``Qwen3VLForConditionalGeneration``
+(or ``Qwen3VLMoeForConditionalGeneration``; built in code, no downloads), a batch with two images
+of different sizes and a 2-frame video, and a parity check of our model's logits against
+transformers'.
 
 Parity, one process per rank:
-``torchrun --nproc-per-node N -m loong_vlm.qwen3_vl.testing OUT.json HF_DIR --tp T [--sp]``
-writes ``{"max_abs_diff": ...}`` (and ``"max_abs_diff_sp"``, with sequence parallelism, for ``--sp``).
+``torchrun --nproc-per-node N -m loong_vlm.qwen3_vl.testing OUT.json HF_DIR --tp T [--ep E] [--sp]``
+writes ``{"max_abs_diff": ...}`` (and ``"max_abs_diff_sp"``, with sequence parallelism, for ``--sp``);
+the family is the directory's ``model_type``.
 """
 
 from __future__ import annotations
@@ -18,10 +20,11 @@ from pathlib import Path
 VOCAB, IMAGE, VIDEO, START, END = 128, 120, 121, 118, 119
 
 
-def hf_config():
+def hf_config(moe: bool = False):
     """A transformers Qwen3-VL config small enough for CPU tests (3 decoder layers, deepstack
-    after vision blocks 0 and 2, interleaved MRoPE sections [6, 5, 5] of a 32-wide head)."""
-    from transformers import Qwen3VLConfig
+    after vision blocks 0 and 2, interleaved MRoPE sections [6, 5, 5] of a 32-wide head); with
+    ``moe`` a Qwen3-VL-MoE one (4 experts of width 24, top-2, in every layer)."""
+    from transformers import Qwen3VLConfig, Qwen3VLMoeConfig
 
     text = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
                 num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=256,
@@ -30,17 +33,26 @@ def hf_config():
     vision = dict(depth=3, hidden_size=32, intermediate_size=64, num_heads=4, in_channels=3, patch_size=4,
                   temporal_patch_size=2, spatial_merge_size=2, out_hidden_size=64, num_position_embeddings=36,
                   deepstack_visual_indexes=[0, 2])
-    return Qwen3VLConfig(text_config=text, vision_config=vision, image_token_id=IMAGE, video_token_id=VIDEO,
-                         vision_start_token_id=START, vision_end_token_id=END, tie_word_embeddings=True)
+    if moe:
+        text.update(moe_intermediate_size=24, num_experts=4, num_experts_per_tok=2, decoder_sparse_step=1)
+    config_class = Qwen3VLMoeConfig if moe else Qwen3VLConfig
+    return config_class(text_config=text, vision_config=vision, image_token_id=IMAGE, video_token_id=VIDEO,
+                        vision_start_token_id=START, vision_end_token_id=END, tie_word_embeddings=not moe)
 
 
-def write_hf_model(directory: Path, seed: int = 0) -> Path:
-    """Save a randomly initialised tiny Qwen3-VL (std 0.1, non-trivial norms) in fp32."""
+def _model_class(moe: bool):
+    import transformers as tf
+
+    return tf.Qwen3VLMoeForConditionalGeneration if moe else tf.Qwen3VLForConditionalGeneration
+
+
+def write_hf_model(directory: Path, seed: int = 0, moe: bool = False) -> Path:
+    """Save a randomly initialised tiny Qwen3-VL (``moe``: Qwen3-VL-MoE, untied output layer) in
+    fp32 (std 0.1, non-trivial norms)."""
     import torch
-    from transformers import Qwen3VLForConditionalGeneration
 
     torch.manual_seed(seed)
-    model = Qwen3VLForConditionalGeneration(hf_config()).float()
+    model = _model_class(moe)(hf_config(moe)).float()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name and name.endswith("weight"):
@@ -94,12 +106,16 @@ def loong_position_ids(batch: dict):
     return torch.stack(rows)
 
 
+def is_moe(hf_dir: Path) -> bool:
+    """Whether ``hf_dir`` holds a Qwen3-VL-MoE model."""
+    return json.loads((Path(hf_dir) / "config.json").read_text())["model_type"] == "qwen3_vl_moe"
+
+
 def reference_logits(hf_dir: Path, batch: dict):
     """transformers' logits of ``batch``."""
     import torch
-    from transformers import Qwen3VLForConditionalGeneration
 
-    ref = Qwen3VLForConditionalGeneration.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    ref = _model_class(is_moe(hf_dir)).from_pretrained(hf_dir, dtype=torch.float32).eval()
     keys = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "mm_token_type_ids")
     with torch.no_grad():
         return ref(input_ids=batch["tokens"], **{k: batch[k] for k in keys}).logits
@@ -111,6 +127,7 @@ def parity_main(argv: list[str] | None = None) -> int:
     parser.add_argument("out")
     parser.add_argument("hf_dir")
     parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--ep", type=int, default=1)
     parser.add_argument("--sp", action="store_true", help="also with sequence parallelism (--tp > 1)")
     args = parser.parse_args(argv)
 
@@ -128,14 +145,18 @@ def parity_main(argv: list[str] | None = None) -> int:
     from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
     from loong_core.engines.megatron import parallel
-    from loong_vlm.qwen3_vl.config import Qwen3VLConfig
-    from loong_vlm.qwen3_vl.model import Qwen3VLProvider
+    from loong_vlm.qwen3_vl.config import Qwen3VLConfig, Qwen3VLMoeConfig
+    from loong_vlm.qwen3_vl.model import Qwen3VLMoeProvider, Qwen3VLProvider
+
+    moe = is_moe(Path(args.hf_dir))
+    provider_class, config_class = (Qwen3VLMoeProvider, Qwen3VLMoeConfig) if moe else (Qwen3VLProvider, Qwen3VLConfig)
 
     visual = {k: batch[k] for k in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")}
     results = {}
     for name, sequence_parallel in (("max_abs_diff", False), ("max_abs_diff_sp", True))[: 1 + args.sp]:
-        provider = Qwen3VLProvider(Qwen3VLConfig(name="qwen3_vl", init_from_hf=args.hf_dir))
-        p = ParallelConfig(tensor_model_parallel_size=args.tp, sequence_parallel=sequence_parallel)
+        provider = provider_class(config_class(name="qwen3_vl_moe" if moe else "qwen3_vl", init_from_hf=args.hf_dir))
+        p = ParallelConfig(tensor_model_parallel_size=args.tp, expert_model_parallel_size=args.ep,
+                           sequence_parallel=sequence_parallel or (moe and args.tp > 1))
         parallel.initialize(p, seed=1234)
         model = provider.build_megatron_model(provider.megatron_config(parallel.transformer_kwargs(p)),
                                               True, True, None)
