@@ -108,8 +108,12 @@ class MLPProjectorConfig(ModelConfig):
     Attributes:
         ffn_hidden_size: Inner width; None means the foundation's hidden size.
         activation: ``gelu`` or ``silu``.
-        spatial_merge_size: Side of the merged patch block (1: no merging).
-        pre_norm: LayerNorm over the (merged) features before the MLP.
+        spatial_merge_size: Side of the merged patch block (1: no merging); the merged vector
+            holds the block's patches row by row (what InternVL's ``pixel_shuffle`` makes).
+        pre_norm: LayerNorm before the MLP.
+        norm_after_merge: The LayerNorm runs over the merged vector (InternVL) instead of over
+            each patch before merging.
+        norm_epsilon: The LayerNorm's epsilon.
         freeze: Keep the projector's weights fixed.
     """
 
@@ -117,6 +121,8 @@ class MLPProjectorConfig(ModelConfig):
     activation: Literal["gelu", "silu"] = "gelu"
     spatial_merge_size: int = 1
     pre_norm: bool = True
+    norm_after_merge: bool = False
+    norm_epsilon: float = 1.0e-6
     freeze: bool = False
 
 

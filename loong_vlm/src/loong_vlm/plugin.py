@@ -38,6 +38,12 @@ def loong_register_models(register):
     register("qwen3_vl_moe", "loong_vlm.qwen3_vl.model:Qwen3VLMoeProvider",
              config="loong_vlm.qwen3_vl.config:Qwen3VLMoeConfig", engines=("megatron",), role="composer",
              description="Qwen3-VL-MoE: qwen3_vit + Qwen3-MoE decoder (EP), interleaved MRoPE (HF interop)")
+    register("internvl", "loong_vlm.internvl.provider:InternVLProvider",
+             config="loong_vlm.internvl.config:InternVLConfig", engines=("megatron",), role="composer",
+             description="InternVL 2.5/3/3.5: internvit tiles + pixel-shuffle MLP + any decoder (HF interop)")
+    register("internvit", "loong_vlm.internvl.vision:InternViTEncoder",
+             config="loong_vlm.internvl.config:InternViTConfig", role="encoder",
+             description="InternViT: class token, absolute positions, layer scale, optional q/k RMSNorm")
     register("qwen3_vit", "loong_vlm.encoders.qwen3_vit:Qwen3ViTEncoder",
              config="loong_vlm.qwen3_vl.config:Qwen3ViTConfig", role="encoder",
              description="Qwen3-VL ViT: dynamic resolution, resampled learned positions, 2D RoPE, deepstack mergers")
@@ -52,6 +58,8 @@ def loong_register_checkpoint_adapters(register):
              description="Hugging Face <-> loong for Qwen2.5-VL (vision tower included)")
     register("qwen3_vl", "loong_vlm.qwen3_vl.hf_adapter:Qwen3VLHFAdapter",
              description="Hugging Face <-> loong for Qwen3-VL (vision tower and deepstack mergers included)")
+    register("internvl", "loong_vlm.internvl.hf_adapter:InternVLHFAdapter",
+             description="Hugging Face <-> loong for InternVL (vision tower, projector, any text family)")
     register("qwen3_vl_moe", "loong_vlm.qwen3_vl.moe_hf_adapter:Qwen3VLMoeHFAdapter",
              description="Hugging Face <-> loong for Qwen3-VL-MoE (stacked experts, vision tower included)")
 

@@ -56,7 +56,8 @@ class MLPProjector(MegatronModule):
             raise ConfigError(f"model.projector.ffn_hidden_size ({hidden}) must be divisible by "
                               f"tensor_model_parallel_size ({tp}).")
         self.cfg, self.grid = cfg, grid
-        self.norm = torch.nn.LayerNorm(input_size, eps=1e-6) if cfg.pre_norm else torch.nn.Identity()
+        norm_width = input_size * m * m if cfg.norm_after_merge else input_size
+        self.norm = torch.nn.LayerNorm(norm_width, eps=cfg.norm_epsilon) if cfg.pre_norm else torch.nn.Identity()
         self.activation = _ACTIVATIONS[cfg.activation]
         self.linear_fc1 = tensor_parallel.ColumnParallelLinear(
             input_size * m * m, hidden, config=config, init_method=config.init_method, bias=True,
@@ -72,7 +73,10 @@ class MLPProjector(MegatronModule):
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         """``[N, T, input_size]`` -> ``[N, T / merge^2, output_size]``."""
-        x = merge_patches(self.norm(features), self.grid, self.cfg.spatial_merge_size)
+        if self.cfg.norm_after_merge:
+            x = self.norm(merge_patches(features, self.grid, self.cfg.spatial_merge_size))
+        else:
+            x = merge_patches(self.norm(features), self.grid, self.cfg.spatial_merge_size)
         x, _ = self.linear_fc1(x)
         x, _ = self.linear_fc2(self.activation(x))
         return x

@@ -28,11 +28,16 @@ def published_name(stored: str) -> str:
 
 class PublishedNamesReader:
     """A :class:`~loong_llm.hf.io.SafetensorsReader` that serves tensors by their published names
-    whichever of the two layouts the directory was saved in."""
+    whichever of the two layouts the directory was saved in.
 
-    def __init__(self, hf_dir: str):
+    Args:
+        hf_dir: The HF directory.
+        rename: Stored name -> published name (default: Qwen2.5-VL's :func:`published_name`).
+    """
+
+    def __init__(self, hf_dir: str, rename=published_name):
         self.inner = SafetensorsReader(hf_dir)
-        self.stored = {published_name(name): name for name in self.inner.keys()}
+        self.stored = {rename(name): name for name in self.inner.keys()}
 
     @property
     def bytes_read(self) -> int:

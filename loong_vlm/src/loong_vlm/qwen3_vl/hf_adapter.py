@@ -5,13 +5,12 @@ model: its table is loong_llm's ``qwen3`` table under the composed model's prefi
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import Any
 
 from loong_core.errors import ConfigError
 from loong_llm.families.qwen3.hf_adapter import Qwen3HFAdapter
-from loong_llm.hf.adapter import HFAdapter, read_hf_config
 from loong_llm.hf.mapping import Rule, RuleSet, Shape
+from loong_vlm.hf_adapter import VLMHFAdapter, text_hf_name
 from loong_vlm.qwen3_vl.rules import PartsRuleSet, vision_rule_set
 
 #: loong ``qwen3_vit`` field -> HF ``vision_config`` key.
@@ -24,12 +23,7 @@ _VISION_FIELDS = {"num_layers": "depth", "hidden_size": "hidden_size", "num_atte
 _TOP_FIELDS = ("image_token_id", "video_token_id")
 
 
-def _text_hf_name(name: str) -> str:
-    """A ``Qwen3ForCausalLM`` tensor name inside ``Qwen3VLForConditionalGeneration``."""
-    return "model.language_model." + name[len("model."):] if name.startswith("model.") else name
-
-
-class Qwen3VLHFAdapter(HFAdapter):
+class Qwen3VLHFAdapter(VLMHFAdapter):
     """Qwen3-VL checkpoints: ``model.visual.*``, ``model.language_model.*``, ``lm_head``."""
 
     family = "qwen3_vl"
@@ -72,30 +66,6 @@ class Qwen3VLHFAdapter(HFAdapter):
                 "image_token_id": cfg.image_token_id, "video_token_id": cfg.video_token_id,
                 "tie_word_embeddings": tie}
 
-    def apply_hf_config(self, cfg, hf_dir: str | Path) -> None:
-        """Overwrite the encoder's, the foundation's and the token ids' fields from config.json."""
-        hf = read_hf_config(hf_dir)
-        self.check_model_type(hf, str(Path(hf_dir) / "config.json"))
-        fields = self.config_from_hf(hf)
-        for part in ("encoder", "foundation"):
-            target = getattr(cfg, part)
-            known = {f.name for f in dataclasses.fields(target)}
-            for key, value in fields.pop(part).items():
-                if key not in known:
-                    raise ConfigError(f"internal: {type(target).__name__} has no field {key!r}")
-                setattr(target, key, value)
-        for key, value in fields.items():
-            setattr(cfg, key, value)
-
-    def full_hf_config(self, cfg, base: dict | None, dtype: str) -> dict:
-        """The source config.json (sub-configs merged key by key) updated with loong's fields."""
-        base = dict(base or {})
-        out = super().full_hf_config(cfg, base, dtype)
-        for sub in ("text_config", "vision_config"):
-            out[sub] = {**(base.get(sub) or {}), **out[sub]}
-            out[sub].pop("torch_dtype", None)
-        return out
-
     # -- tensors ---------------------------------------------------------------------------
     def rules(self, cfg) -> list[Rule]:
         return self.rule_set(cfg).rules
@@ -103,7 +73,7 @@ class Qwen3VLHFAdapter(HFAdapter):
     def rule_set(self, cfg) -> PartsRuleSet:
         f, e = cfg.foundation, cfg.encoder
         text_rules = [dataclasses.replace(rule, loong="language_model." + rule.loong,
-                                          hf=tuple(map(_text_hf_name, rule.hf)))
+                                          hf=tuple(map(text_hf_name, rule.hf)))
                       for rule in self.text.rules(f)]
         shape = Shape(num_heads=f.num_attention_heads, num_groups=f.num_query_groups or f.num_attention_heads,
                       head_dim=f.head_dim(), vocab_size=f.vocab_size)

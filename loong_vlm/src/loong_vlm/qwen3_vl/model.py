@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from megatron.core.transformer.module import MegatronModule
 
 from loong_core.errors import ConfigError
 from loong_vlm.composer import VisionLanguageModel
-from loong_vlm.provider import VLMProvider
+from loong_vlm.hf_provider import HFVLMProvider
 from loong_vlm.qwen3_vl.config import IdentityProjectorConfig, Qwen3VLConfig
 from loong_vlm.qwen3_vl.deepstack import DeepstackInjector, dense_addends
 
@@ -71,23 +69,19 @@ class Qwen3VLComposer(VisionLanguageModel):
         return embeddings
 
 
-class Qwen3VLProvider(VLMProvider):
+class Qwen3VLProvider(HFVLMProvider):
     """Qwen3-VL: ``qwen3_vit`` + identity projector + a Qwen3 foundation with interleaved MRoPE
     and DeepStack; ``model.init_from_hf`` loads a ``Qwen3VLForConditionalGeneration`` directory
     (architecture and weights, vision tower included)."""
 
     config: Qwen3VLConfig
-    hf_family = "qwen3_vl"  # the checkpoint adapter of model.init_from_hf
+    hf_family = "qwen3_vl"
 
-    def __init__(self, config: Qwen3VLConfig):
-        if config.init_from_hf:
-            from loong_llm.hf.registry import get_adapter
-
-            get_adapter(self.hf_family).apply_hf_config(config, config.init_from_hf)
+    def check_config(self, config: Qwen3VLConfig) -> None:
+        """The foundation takes MRoPE positions."""
         if getattr(config.foundation, "position_embedding_type", None) != "mrope":
             raise ConfigError("Qwen3-VL needs MRoPE positions: set model.foundation.position_embedding_type"
                               "=mrope and model.foundation.mrope_section (e.g. [24, 20, 20]).")
-        super().__init__(config)
 
     def composer_class(self):
         return Qwen3VLComposer
@@ -100,40 +94,6 @@ class Qwen3VLProvider(VLMProvider):
             lm = model.language_model
             lm.rotary_pos_emb = InterleavedMRoPE.replacing(lm.rotary_pos_emb)
         return model
-
-    def initialize_weights(self, chunks: list[Any]) -> None:
-        """Load ``model.init_from_hf`` (vision tower and decoder) into this rank's chunks."""
-        if not self.config.init_from_hf:
-            super().initialize_weights(chunks)
-            return
-        from megatron.core import parallel_state as ps
-
-        from loong_llm.hf.load import load_hf_into_chunks
-        from loong_llm.hf.registry import get_adapter
-
-        if ps.get_pipeline_model_parallel_world_size() > 1:
-            raise ConfigError(f"loading a {self.hf_family} HF checkpoint supports pipeline_model_parallel_size=1 "
-                              "only (convert at PP1; loong checkpoints reshard to other layouts).")
-        encoder_tp = getattr(self.config.encoder, "tensor_model_parallel_size", None)
-        if encoder_tp not in (None, ps.get_tensor_model_parallel_world_size()):
-            raise ConfigError(
-                f"loading a {self.hf_family} HF checkpoint with model.encoder.tensor_model_parallel_size={encoder_tp} "
-                f"(the foundation's is {ps.get_tensor_model_parallel_world_size()}) is not supported; convert "
-                "with `loong convert hf-to-loong` at the uniform layout and start from it with "
-                "trainer.init_from (loong checkpoints load into any encoder layout).")
-        load_hf_into_chunks(get_adapter(self.hf_family), self.config, chunks, self.config.init_from_hf)
-
-    def hf_parts(self, chunks: list[Any]):
-        """The :class:`~loong_llm.hf.load.HFParts` of ``model.init_from_hf`` (streaming converter)."""
-        from loong_llm.hf.load import HFParts
-        from loong_llm.hf.registry import get_adapter
-
-        return HFParts(get_adapter(self.hf_family), self.config, chunks, self.config.init_from_hf)
-
-    def attach_adapters(self, chunks: list[Any]) -> None:
-        """LoRA is not wired into the VLM yet (``loong convert`` asks every model)."""
-        if self.config.lora is not None and self.config.lora.enabled:
-            raise ConfigError(f"model.foundation.lora is not supported by {self.hf_family} yet; set lora.rank=0.")
 
 
 class Qwen3VLMoeProvider(Qwen3VLProvider):
