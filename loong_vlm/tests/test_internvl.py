@@ -2,8 +2,9 @@
 is its ``pixel_shuffle``, logits of tiny random models (images of 2 and 3 tiles) match within 1e-4
 (fp32) at TP1 and TP2 for an InternViT-300M-style tower over Qwen2 text and an InternViT-6B-style
 tower (RMSNorm, whole-projection q/k norms, a final LayerNorm, no q/k/v biases) over Qwen3 text,
-HF -> loong -> HF is bit-exact, both checkpoint layouts read, and the composition over a swapped
-foundation learns vlm_digits."""
+HF -> loong -> HF is bit-exact, both checkpoint layouts read, the composition over a swapped
+foundation learns vlm_digits, and its 5-step curve at TP2 (+SP), with the encoder at TP1 under a
+TP2 foundation, and at CP2 equals one rank's."""
 
 from __future__ import annotations
 
@@ -112,3 +113,40 @@ def test_swapped_foundation_reads_held_out_digits(tmp_path):
     assert "name: qwen3" in (tmp_path / "config.yaml").read_text()
     valid = {r["step"]: r for r in read_metrics(tmp_path, "valid")}
     assert valid[0]["accuracy"] < 0.2 and valid[300]["accuracy"] >= 0.9, valid
+
+
+LAYOUT_STEPS = 5
+LAYOUTS = {  # every one on 2 ranks
+    "tp2_sp": ["parallel=tp2"],  # the encoder TP2 too
+    "encoder_tp1_under_tp2": ["parallel=tp2", "model.encoder.tensor_model_parallel_size=1"],
+    "cp2": ["parallel.context_parallel_size=2"],
+}
+
+
+@pytest.fixture(scope="module")
+def internvl_curve(tmp_path_factory):
+    """``vlm_digits_internvl``: a 1-step checkpoint and the one-rank curve of 5 more steps from it
+    (the q/k-norm tower's TP2 forward is in the TP2 parity check; an encoder narrower than the
+    foundation refuses q/k norms)."""
+    from loong_core.testing import losses, run_train
+
+    root = tmp_path_factory.mktemp("internvl_layouts")
+    base = ["experiment=vlm_digits_internvl", "trainer.log_interval=1",
+            "trainer.progress_bar=false", "trainer.tensorboard=false", "trainer.eval_interval=0",
+            "trainer.eval_at_start=false"]
+    run_train([*base, "trainer.train_iters=1", f"trainer.run_dir={root / 'init'}"])
+    common = [*base, f"trainer.init_from={root / 'init' / 'checkpoints' / 'iter_0000001'}",
+              f"trainer.train_iters={LAYOUT_STEPS}", "optim.lr_decay_iters=20", "trainer.save_at_end=false"]
+    run_train([*common, f"trainer.run_dir={root / 'ref'}"])
+    return common, losses(root / "ref"), root
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_layout_follows_the_one_rank_curve(internvl_curve, layout):
+    from loong_core.testing import assert_loss_curve, losses, run_train
+
+    common, ref, root = internvl_curve
+    assert ref[LAYOUT_STEPS] < ref[1] - 0.1  # the weights move
+    run_train([*common, *LAYOUTS[layout], f"trainer.run_dir={root / layout}"], nproc=2)
+    assert_loss_curve(losses(root / layout), ref, range(1, LAYOUT_STEPS + 1), f"internvl {layout}")

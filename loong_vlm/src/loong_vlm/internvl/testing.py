@@ -10,8 +10,6 @@ writes ``{dir name: max |loong - transformers|}``.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 from pathlib import Path
 
@@ -97,16 +95,11 @@ def parity_main(argv: list[str] | None = None) -> int:
     import torch
 
     from loong_core.config.schema import ParallelConfig
-    from loong_core.devices.cpu import CPUBackend
+    from loong_vlm import parity
 
     batch = sample_batch()
     references = {d: reference_logits(Path(d), batch) for d in args.hf_dirs}  # before the cpu backend's patches
-    CPUBackend(int(os.environ.get("LOCAL_RANK", 0)), num_threads=1).setup()
-    torch.distributed.init_process_group("gloo")
-    from megatron.core import parallel_state as ps
-    from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
-
-    from loong_core.engines.megatron import parallel
+    parity.start_ranks()
     from loong_vlm.internvl.config import InternVLConfig
     from loong_vlm.internvl.provider import InternVLProvider
 
@@ -115,20 +108,12 @@ def parity_main(argv: list[str] | None = None) -> int:
     results = {}
     for hf_dir in args.hf_dirs:
         provider = InternVLProvider(InternVLConfig(name="internvl", init_from_hf=hf_dir))
-        p = ParallelConfig(tensor_model_parallel_size=args.tp)
-        parallel.initialize(p, seed=1234)
-        model = provider.build_megatron_model(provider.megatron_config(parallel.transformer_kwargs(p)),
-                                              True, True, None)
-        provider.initialize_weights([model])
-        model.eval()
+        model = parity.build_loaded_model(provider, ParallelConfig(tensor_model_parallel_size=args.tp))
         with torch.no_grad():
-            logits = model(tokens, positions, None, images=batch["pixel_values"][None])
-            logits = gather_from_tensor_model_parallel_region(logits)[..., :VOCAB]
+            logits = parity.full_logits(model(tokens, positions, None, images=batch["pixel_values"][None]), VOCAB)
         results[Path(hf_dir).name] = (logits - references[hf_dir]).abs().max().item()
-        ps.destroy_model_parallel()
-    if torch.distributed.get_rank() == 0:
-        Path(args.out).write_text(json.dumps(results))
-    torch.distributed.destroy_process_group()
+        parity.finish_layout()
+    parity.write_results(args.out, results)
     return 0
 
 

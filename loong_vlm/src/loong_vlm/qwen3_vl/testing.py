@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -134,42 +133,28 @@ def parity_main(argv: list[str] | None = None) -> int:
     import torch
 
     from loong_core.config.schema import ParallelConfig
-    from loong_core.devices.cpu import CPUBackend
+    from loong_vlm import parity
+    from loong_vlm.qwen3_vl.config import Qwen3VLConfig, Qwen3VLMoeConfig
 
     batch = sample_batch()
-    # reference first: the cpu backend's redirects break the rotary buffers transformers builds
-    reference = reference_logits(Path(args.hf_dir), batch)
-    CPUBackend(int(os.environ.get("LOCAL_RANK", 0)), num_threads=1).setup()
-    torch.distributed.init_process_group("gloo")
-    from megatron.core import parallel_state as ps
-    from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
-
-    from loong_core.engines.megatron import parallel
-    from loong_vlm.qwen3_vl.config import Qwen3VLConfig, Qwen3VLMoeConfig
+    reference = reference_logits(Path(args.hf_dir), batch)  # before the cpu backend's patches
+    parity.start_ranks()
     from loong_vlm.qwen3_vl.model import Qwen3VLMoeProvider, Qwen3VLProvider
 
     moe = is_moe(Path(args.hf_dir))
     provider_class, config_class = (Qwen3VLMoeProvider, Qwen3VLMoeConfig) if moe else (Qwen3VLProvider, Qwen3VLConfig)
-
     visual = {k: batch[k] for k in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")}
     results = {}
     for name, sequence_parallel in (("max_abs_diff", False), ("max_abs_diff_sp", True))[: 1 + args.sp]:
         provider = provider_class(config_class(name="qwen3_vl_moe" if moe else "qwen3_vl", init_from_hf=args.hf_dir))
         p = ParallelConfig(tensor_model_parallel_size=args.tp, expert_model_parallel_size=args.ep,
                            sequence_parallel=sequence_parallel or (moe and args.tp > 1))
-        parallel.initialize(p, seed=1234)
-        model = provider.build_megatron_model(provider.megatron_config(parallel.transformer_kwargs(p)),
-                                              True, True, None)
-        provider.initialize_weights([model])
-        model.eval()
+        model = parity.build_loaded_model(provider, p)
         with torch.no_grad():
-            logits = model(batch["tokens"], loong_position_ids(batch), None, **visual)
-            logits = gather_from_tensor_model_parallel_region(logits)[..., :VOCAB]
+            logits = parity.full_logits(model(batch["tokens"], loong_position_ids(batch), None, **visual), VOCAB)
         results[name] = (logits - reference).abs().max().item()
-        ps.destroy_model_parallel()
-    if torch.distributed.get_rank() == 0:
-        Path(args.out).write_text(json.dumps(results))
-    torch.distributed.destroy_process_group()
+        parity.finish_layout()
+    parity.write_results(args.out, results)
     return 0
 
 
