@@ -68,6 +68,19 @@ def to_rgb(image):
     return image.convert("RGB")
 
 
+def normalised(image, size: tuple[int, int], mean: Sequence[float], std: Sequence[float]) -> np.ndarray:
+    """``[C, H, W]`` float32 of a PIL image converted to RGB, resized to ``size`` (h, w) with
+    bicubic resampling (when it differs), scaled to [0, 1] and normalised per channel."""
+    from PIL import Image
+
+    rgb = to_rgb(image)
+    if rgb.size != (size[1], size[0]):
+        rgb = rgb.resize((size[1], size[0]), resample=Image.Resampling.BICUBIC)
+    pixels = np.asarray(rgb, dtype=np.float32) / np.float32(255.0)
+    mean, std = np.asarray(mean, np.float32), np.asarray(std, np.float32)
+    return ((pixels - mean) / std).transpose(2, 0, 1)
+
+
 def sample_frame_indices(num_frames: int, max_frames: int, temporal_patch_size: int) -> list[int]:
     """Frames of a video to keep, a multiple of ``temporal_patch_size`` of them.
 
@@ -159,14 +172,7 @@ class VisionProcessor:
 
     def _normalised(self, image, size: tuple[int, int]) -> np.ndarray:
         """``[C, H, W]`` float32 of a PIL image converted to RGB, resized to ``size`` (h, w)."""
-        from PIL import Image
-
-        rgb = to_rgb(image)
-        if rgb.size != (size[1], size[0]):
-            rgb = rgb.resize((size[1], size[0]), resample=Image.Resampling.BICUBIC)
-        pixels = np.asarray(rgb, dtype=np.float32) / np.float32(255.0)
-        mean, std = np.asarray(self.mean, np.float32), np.asarray(self.std, np.float32)
-        return ((pixels - mean) / std).transpose(2, 0, 1)
+        return normalised(image, size, self.mean, self.std)
 
     def image(self, image) -> tuple[np.ndarray, tuple[int, int, int]]:
         """Patch rows and grid of one PIL image."""
