@@ -84,12 +84,17 @@ class VisionLanguageModel(MegatronModule):
         return self.language_model.shared_embedding_or_output_weight()
 
     def visual_features(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
-        """Projected features ``[n_tokens, h]`` of Qwen-style patches (all inputs concatenated)."""
-        if not getattr(self.encoder, "dynamic_resolution", False):
-            raise ValueError(f"the batch has pixel_values/image_grid_thw but the encoder "
-                             f"{type(self.encoder).__name__} takes fixed-size 'images'; pick a dynamic-"
-                             f"resolution encoder (model.encoder.name=qwen2_5_vit) or feed 'images'.")
-        return self.projector(self.encoder(pixel_values, grid_thw))
+        """Projected features ``[n_tokens, h]`` of Qwen-style patches, or of fixed-size tiles
+        ``[n_tiles, c, h, w]`` for an encoder without dynamic resolution (InternVL-style tiling:
+        each input's tiles in order, ``grid_thw`` rows ``(tiles, rows, cols)``)."""
+        if getattr(self.encoder, "dynamic_resolution", False):
+            return self.projector(self.encoder(pixel_values, grid_thw))
+        if pixel_values.dim() != 4:
+            raise ValueError(f"the batch has Qwen-style pixel_values {tuple(pixel_values.shape)} but the encoder "
+                             f"{type(self.encoder).__name__} takes fixed-size tiles; pick a dynamic-resolution "
+                             "encoder (model.encoder.name=qwen2_5_vit) or set data.image_processing=tiles.")
+        features = self.projector(self.encoder(pixel_values))  # [n_tiles, tokens per tile, h]
+        return features.reshape(-1, features.shape[-1])
 
     def local_sequence(self, hidden: torch.Tensor) -> torch.Tensor:
         """This rank's load-balanced chunks of a full-length ``[s, b, h]`` tensor under context

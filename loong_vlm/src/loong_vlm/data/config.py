@@ -91,6 +91,13 @@ class LlavaConfig(DataConfig):
             ``qwen2_5`` (one placeholder run, Qwen2-VL / Qwen2.5-VL MRoPE positions) or
             ``qwen3_vl`` (a ``<S.s seconds>`` timestamp and its own vision start / end per temporal
             patch, Qwen3-VL positions; :mod:`loong_vlm.data.video_layout`). The model checks it.
+        image_processing: ``dynamic`` (Qwen-style patches at each image's own resolution) or
+            ``tiles`` (InternVL: fixed-size tiles of ``tile_size``, 1 to ``max_tiles`` per image
+            by its aspect ratio plus a thumbnail, ImageNet normalisation; a video's sampled
+            frames one tile each; :mod:`loong_vlm.data.tiles`). The model checks it.
+        tile_size: Side of a tile in pixels (``tiles``; the encoder's ``image_size``).
+        min_tiles: Fewest tiles of an image (``tiles``).
+        max_tiles: Most tiles of an image, before the thumbnail (``tiles``).
         balancer: Data balancer (on by default for VLM runs).
     """
 
@@ -113,6 +120,10 @@ class LlavaConfig(DataConfig):
     mrope: bool = True
     tokens_per_second: float = 2.0
     video_layout: str = "qwen2_5"
+    image_processing: str = "dynamic"
+    tile_size: int = 448
+    min_tiles: int = 1
+    max_tiles: int = 12
     seq_length: int = 2048
     balancer: str = registered("balancer", default="kk_swap")
 
@@ -131,13 +142,31 @@ class LlavaConfig(DataConfig):
             raise ConfigError(f"data.valid_fraction = {self.valid_fraction} must be in (0, 1).")
         if self.seq_length < 2:
             raise ConfigError(f"data.seq_length = {self.seq_length} must be at least 2.")
+        if self.image_processing not in ("dynamic", "tiles"):
+            raise ConfigError(f"data.image_processing = {self.image_processing!r} must be dynamic (Qwen-style "
+                              "patches) or tiles (InternVL).")
+        if self.image_processing == "tiles":
+            if self.tile_size % factor:
+                raise ConfigError(f"data.tile_size = {self.tile_size} must be a multiple of patch_size * merge_size "
+                                  f"= {factor}.")
+            if not 1 <= self.min_tiles <= self.max_tiles:
+                raise ConfigError(f"data.min_tiles = {self.min_tiles} and data.max_tiles = {self.max_tiles} need "
+                                  "1 <= min_tiles <= max_tiles.")
         if self.video_layout not in ("qwen2_5", "qwen3_vl"):
             raise ConfigError(f"data.video_layout = {self.video_layout!r} must be qwen2_5 (Qwen2-VL / Qwen2.5-VL) "
                               "or qwen3_vl (Qwen3-VL).")
 
     def vision_processor(self):
-        """The :class:`~loong_vlm.data.vision.VisionProcessor` of these settings."""
+        """The :class:`~loong_vlm.data.vision.VisionProcessor` of these settings (a
+        :class:`~loong_vlm.data.tiles.TileProcessor` with ``image_processing=tiles``)."""
         from loong_vlm.data.vision import VisionProcessor
+
+        if self.image_processing == "tiles":
+            from loong_vlm.data.tiles import TileProcessor
+
+            return TileProcessor(tile_size=self.tile_size, min_tiles=self.min_tiles, max_tiles=self.max_tiles,
+                                 patch_size=self.patch_size, merge_size=self.merge_size,
+                                 video_max_frames=self.video_max_frames)
 
         return VisionProcessor(
             patch_size=self.patch_size, temporal_patch_size=self.temporal_patch_size, merge_size=self.merge_size,

@@ -10,7 +10,7 @@ from loong_core.errors import ConfigError
 #: as :meth:`loong_vlm.data.llava.LlavaDataModule.model_overrides` reports them.
 GEOMETRY_KEYS = {"patch_size": "patch_size", "temporal_patch_size": "temporal_patch_size",
                  "spatial_merge_size": "merge_size", "tokens_per_second": "tokens_per_second",
-                 "mrope_positions": "mrope", "video_layout": "video_layout"}
+                 "mrope_positions": "mrope", "video_layout": "video_layout", "tile_size": "tile_size"}
 
 #: Video layout of a VLM config that does not name one (``video_layout`` class attribute).
 DEFAULT_VIDEO_LAYOUT = "qwen2_5"
@@ -36,12 +36,22 @@ def check_vision_geometry(model: Any, geometry: dict[str, Any]) -> None:
     if not geometry:
         return
     encoder = model.encoder
-    if not getattr(encoder, "dynamic_resolution", False):
+    geometry = dict(geometry)
+    tile = geometry.pop("tile_size", None)
+    if tile is not None:  # fixed-size tiles (data.image_processing=tiles)
+        if getattr(encoder, "dynamic_resolution", False):
+            raise ConfigError(
+                f"data.image_processing = tiles but model.encoder.name={getattr(encoder, 'name', '?')!r} reads "
+                "dynamic-resolution patches; set data.image_processing=dynamic.")
+        if getattr(encoder, "image_size", tile) != tile:
+            raise ConfigError(f"data.tile_size = {tile} but model.encoder.image_size = {encoder.image_size}; set "
+                              f"data.tile_size={encoder.image_size}.")
+    elif not getattr(encoder, "dynamic_resolution", False):
         raise ConfigError(
             f"the dataset cuts images into dynamic-resolution patches (pixel_values + image_grid_thw) but "
             f"model.encoder.name={getattr(encoder, 'name', '?')!r} takes fixed-size images; use a "
-            "dynamic-resolution encoder (for example model=qwen2_5_vl_debug) or a fixed-size dataset.")
-    geometry = dict(geometry)
+            "dynamic-resolution encoder (for example model=qwen2_5_vl_debug), data.image_processing=tiles "
+            "for a fixed-size encoder, or a fixed-size dataset.")
     mrope = geometry.pop("mrope_positions", None)
     uses_mrope = getattr(model.foundation, "position_embedding_type", None) == "mrope"
     if mrope is not None and bool(mrope) != uses_mrope:

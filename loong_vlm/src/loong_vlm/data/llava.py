@@ -273,7 +273,8 @@ class LlavaDataModule:
                 "video_token_id": self.layout.video_token_id, "num_channels": 3, "patch_size": p.patch_size,
                 "temporal_patch_size": p.temporal_patch_size, "spatial_merge_size": p.merge_size,
                 "tokens_per_second": self.config.tokens_per_second, "mrope_positions": self.config.mrope,
-                "video_layout": self.config.video_layout}
+                "video_layout": self.config.video_layout,
+                **({"tile_size": self.config.tile_size} if self.config.image_processing == "tiles" else {})}
 
     def build(self, num_train_samples: int, num_valid_samples: int, seed: int) -> tuple[LlavaSplit, LlavaSplit]:
         """``(train, valid)`` samples, at least that many of each."""

@@ -2,17 +2,23 @@
 ``columns x rows`` tiles whose shape best matches its aspect ratio (``min_tiles`` to
 ``max_tiles`` tiles), cut into those tiles in row-major order, and followed by a thumbnail of the
 whole image at tile size when there is more than one tile (transformers' GotOcr2 / InternVL
-image processor with ``crop_to_patches``).
+image processor with ``crop_to_patches``). A video is its sampled frames, one tile each.
+
+:class:`TileProcessor` has the interface of :class:`~loong_vlm.data.vision.VisionProcessor` that
+the LLaVA pipeline uses (``data.image_processing=tiles``): the "grid" of an input is
+``(tiles, tile_size / patch_size, tile_size / patch_size)``, so its placeholder tokens are
+``tiles * (tile_size / patch_size / merge_size)^2``, and its pixels are ``[tiles, 3, tile, tile]``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 
-from loong_vlm.data.vision import normalised
+from loong_vlm.data.vision import normalised, sample_frame_indices
 
 #: ImageNet's normalisation, InternVL's.
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -57,6 +63,9 @@ class TileProcessor:
         min_tiles: Fewest tiles of an image (before the thumbnail).
         max_tiles: Most tiles of an image (before the thumbnail).
         use_thumbnail: Add the whole image at tile size after its tiles (when more than one).
+        patch_size: Side of the encoder's patches (placeholder counts).
+        merge_size: Side of the patch block the projector merges into one token.
+        video_max_frames: Frames sampled from a longer frame list (one tile each).
         mean: Per-channel mean subtracted after scaling to [0, 1].
         std: Per-channel standard deviation divided by.
     """
@@ -65,8 +74,12 @@ class TileProcessor:
     min_tiles: int = 1
     max_tiles: int = 12
     use_thumbnail: bool = True
+    patch_size: int = 14
+    merge_size: int = 2
+    video_max_frames: int = 16
     mean: tuple[float, ...] = IMAGENET_MEAN
     std: tuple[float, ...] = IMAGENET_STD
+    temporal_patch_size = 1  # a frame is a tile of its own (VisionProcessor's interface)
 
     def count(self, height: int, width: int) -> int:
         """Tiles (thumbnail included) of an image of that size (no pixels needed)."""
@@ -74,7 +87,36 @@ class TileProcessor:
         n = columns * rows
         return n + 1 if self.use_thumbnail and n > 1 else n
 
-    def image(self, image) -> np.ndarray:
+    @property
+    def _side(self) -> int:
+        return self.tile_size // self.patch_size
+
+    def image_grid(self, height: int, width: int) -> tuple[int, int, int]:
+        """``(tiles, side, side)`` of an image of that size (no pixels needed)."""
+        return self.count(height, width), self._side, self._side
+
+    def video_grid(self, num_frames: int, height: int, width: int) -> tuple[int, int, int]:
+        """``(frames kept, side, side)`` of a frame list of that length."""
+        return len(sample_frame_indices(num_frames, self.video_max_frames, 1)), self._side, self._side
+
+    def tokens(self, grid: Sequence[int]) -> int:
+        """Placeholder tokens of a grid (tiles x tokens per tile)."""
+        n, h, w = grid
+        return n * h * w // (self.merge_size * self.merge_size)
+
+    def image(self, image) -> tuple[np.ndarray, tuple[int, int, int]]:
+        """Tiles and grid of one PIL image."""
+        tiles = self.tiles(image)
+        return tiles, (tiles.shape[0], self._side, self._side)
+
+    def video(self, frames: Sequence) -> tuple[np.ndarray, tuple[int, int, int]]:
+        """One tile per sampled frame (each resized whole) and the grid, of PIL frames."""
+        t = self.tile_size
+        keep = sample_frame_indices(len(frames), self.video_max_frames, 1)
+        tiles = np.stack([normalised(frames[i], (t, t), self.mean, self.std) for i in keep])
+        return tiles, (len(keep), self._side, self._side)
+
+    def tiles(self, image) -> np.ndarray:
         """``[n_tiles, 3, tile, tile]`` float32 of one PIL image."""
         t = self.tile_size
         columns, rows = tile_grid(image.height, image.width, t, self.min_tiles, self.max_tiles)
