@@ -8,12 +8,56 @@ from pathlib import Path
 
 from loong_core.errors import ConfigError
 from loong_llm.hf.adapter import HFAdapter, read_hf_config
+from loong_llm.hf.mapping import Rule, RuleSet
+
+
+def text_config(hf: dict) -> dict:
+    """A copy of ``hf["text_config"]`` whose ``tie_word_embeddings`` is the top-level key when
+    there is one (transformers ties a composed model by it; the sub-config may keep its own
+    default)."""
+    text = dict(hf.get("text_config") or {})
+    text["tie_word_embeddings"] = hf.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
+    return text
 
 
 def text_hf_name(name: str) -> str:
     """A ``<Text>ForCausalLM`` tensor name inside a composed HF model (``model.*`` ->
     ``model.language_model.*``; ``lm_head`` stays)."""
     return "model.language_model." + name[len("model."):] if name.startswith("model.") else name
+
+
+class PartsRuleSet:
+    """Rule sets of several model parts behind one :class:`RuleSet` interface (``match``,
+    ``export_names``, ``to_loong``, ``to_hf``, ``shard``); each rule is transformed by the part it belongs to."""
+
+    def __init__(self, parts: list[RuleSet]):
+        self.parts = parts
+        self.rules = [rule for part in parts for rule in part.rules]
+        self._owner = {rule: part for part in parts for rule in part.rules}
+
+    def match(self, loong_name: str) -> tuple[Rule, list[str]]:
+        """The rule of ``loong_name`` and its concrete HF names; KeyError when none matches."""
+        for part in self.parts:
+            try:
+                return part.match(loong_name)
+            except KeyError:
+                continue
+        raise KeyError(loong_name)
+
+    def export_names(self, loong_name: str) -> tuple[Rule, list[str]]:
+        """Like :meth:`match`, with the rule's ``also`` copies (see :meth:`RuleSet.export_names`)."""
+        rule, _ = self.match(loong_name)
+        return self._owner[rule].export_names(loong_name)
+
+    def to_loong(self, rule: Rule, tensors: list, rows: int | None = None):
+        """Full loong tensor of ``rule`` from its HF tensors."""
+        return self._owner[rule].to_loong(rule, tensors, rows)
+
+    def to_hf(self, rule: Rule, full) -> list:
+        """HF tensors of ``rule`` from the full loong tensor."""
+        return self._owner[rule].to_hf(rule, full)
+
+    shard = staticmethod(RuleSet.shard)
 
 
 class VLMHFAdapter(HFAdapter):

@@ -12,8 +12,7 @@ from typing import Any
 from loong_core.errors import ConfigError
 from loong_llm.hf.mapping import Rule, RuleSet, Shape
 from loong_llm.hf.registry import family_for_model_type, get_adapter
-from loong_vlm.hf_adapter import VLMHFAdapter
-from loong_vlm.qwen3_vl.rules import PartsRuleSet
+from loong_vlm.hf_adapter import PartsRuleSet, VLMHFAdapter, text_config
 
 VT, VL = "vision_tower.", "encoder.blocks.layers.{i}."
 HL = VT + "encoder.layer.{i}."
@@ -88,10 +87,9 @@ class InternVLHFAdapter(VLMHFAdapter):
     def config_from_hf(self, hf: dict) -> dict[str, Any]:
         """``{"encoder", "projector", "foundation": {...}, "image_token_id"}``."""
         family = self.foundation_family(hf)
-        text, vision = dict(hf["text_config"]), dict(hf["vision_config"])
+        text, vision = text_config(hf), dict(hf["vision_config"])
         _check_fixed(vision, _FIXED_VISION, "vision_config.")
         _check_fixed(hf, _FIXED_TOP, "")
-        text["tie_word_embeddings"] = hf.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
         foundation = self.text_adapter(family).config_from_hf(text)
         ratio = float(hf.get("downsample_ratio", 0.5))
         merge = round(1 / ratio)

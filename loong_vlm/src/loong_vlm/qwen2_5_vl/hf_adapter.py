@@ -16,6 +16,7 @@ from loong_core.errors import ConfigError
 from loong_llm.families.qwen2.hf_adapter import Qwen2HFAdapter
 from loong_llm.hf.adapter import HFAdapter, read_hf_config
 from loong_llm.hf.mapping import Rule, RuleSet, Shape
+from loong_vlm.hf_adapter import text_config
 
 V = "visual.blocks.{i}."
 E = "encoder.blocks.layers.{i}."
@@ -56,7 +57,7 @@ class VisionRuleSet(RuleSet):
 def _text_config(hf: dict) -> dict:
     """The decoder's HF config (``text_config``, or the top level of older config.json files)
     with the MRoPE section taken out of its RoPE parameters."""
-    text = dict(hf.get("text_config") or hf)
+    text = text_config(hf) if hf.get("text_config") else dict(hf)
     params = dict(text.get("rope_parameters") or text.get("rope_scaling") or {})
     section = params.pop("mrope_section", None)
     if section is None:
@@ -66,7 +67,7 @@ def _text_config(hf: dict) -> dict:
     text["rope_parameters"] = {"rope_type": "default", "rope_theta": theta}
     text.pop("rope_scaling", None)
     text["mrope_section"] = list(section)
-    text.setdefault("tie_word_embeddings", hf.get("tie_word_embeddings", False))
+    text.setdefault("tie_word_embeddings", False)
     return text
 
 

@@ -10,8 +10,8 @@ from typing import Any
 from loong_core.errors import ConfigError
 from loong_llm.families.qwen3.hf_adapter import Qwen3HFAdapter
 from loong_llm.hf.mapping import Rule, RuleSet, Shape
-from loong_vlm.hf_adapter import VLMHFAdapter, text_hf_name
-from loong_vlm.qwen3_vl.rules import PartsRuleSet, vision_rule_set
+from loong_vlm.hf_adapter import PartsRuleSet, VLMHFAdapter, text_config, text_hf_name
+from loong_vlm.qwen3_vl.rules import vision_rule_set
 
 #: loong ``qwen3_vit`` field -> HF ``vision_config`` key.
 _VISION_FIELDS = {"num_layers": "depth", "hidden_size": "hidden_size", "num_attention_heads": "num_heads",
@@ -35,11 +35,9 @@ class Qwen3VLHFAdapter(VLMHFAdapter):
     # -- config ----------------------------------------------------------------------------
     def config_from_hf(self, hf: dict) -> dict[str, Any]:
         """``{"encoder": {...}, "foundation": {...}, "image_token_id", "video_token_id"}``."""
-        text, vision = dict(hf.get("text_config") or {}), dict(hf.get("vision_config") or {})
-        if not text or not vision:
+        text, vision = text_config(hf), dict(hf.get("vision_config") or {})
+        if not hf.get("text_config") or not vision:
             raise ConfigError("a Qwen3-VL config.json needs text_config and vision_config.")
-        # the top-level key decides (transformers ties by it; text_config may keep its own default)
-        text["tie_word_embeddings"] = hf.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
         foundation = self.text.config_from_hf(text)
         rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
         foundation.update(position_embedding_type="mrope", mrope_section=list(rope.get("mrope_section", [24, 20, 20])))

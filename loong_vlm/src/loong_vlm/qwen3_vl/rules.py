@@ -1,5 +1,4 @@
-"""HF <-> loong name mapping of Qwen3-VL: the vision tower's rules and a rule set that routes
-each tensor to the part (vision tower or text decoder) with its own head shapes."""
+"""HF <-> loong name mapping of Qwen3-VL's vision tower (its fused ``[q; k; v]`` projections)."""
 
 from __future__ import annotations
 
@@ -50,40 +49,6 @@ class FusedQKVRuleSet(RuleSet):
         import torch
 
         return [torch.cat(super().to_hf(Rule(rule.loong, rule.hf * 3, "qkv"), full), dim=0)]
-
-
-class PartsRuleSet:
-    """Rule sets of several model parts behind one :class:`RuleSet` interface (``match``,
-    ``export_names``, ``to_loong``, ``to_hf``, ``shard``); each rule is transformed by the part it belongs to."""
-
-    def __init__(self, parts: list[RuleSet]):
-        self.parts = parts
-        self.rules = [rule for part in parts for rule in part.rules]
-        self._owner = {rule: part for part in parts for rule in part.rules}
-
-    def match(self, loong_name: str) -> tuple[Rule, list[str]]:
-        """The rule of ``loong_name`` and its concrete HF names; KeyError when none matches."""
-        for part in self.parts:
-            try:
-                return part.match(loong_name)
-            except KeyError:
-                continue
-        raise KeyError(loong_name)
-
-    def export_names(self, loong_name: str) -> tuple[Rule, list[str]]:
-        """Like :meth:`match`, with the rule's ``also`` copies (see :meth:`RuleSet.export_names`)."""
-        rule, _ = self.match(loong_name)
-        return self._owner[rule].export_names(loong_name)
-
-    def to_loong(self, rule: Rule, tensors: list, rows: int | None = None):
-        """Full loong tensor of ``rule`` from its HF tensors."""
-        return self._owner[rule].to_loong(rule, tensors, rows)
-
-    def to_hf(self, rule: Rule, full) -> list:
-        """HF tensors of ``rule`` from the full loong tensor."""
-        return self._owner[rule].to_hf(rule, full)
-
-    shard = staticmethod(RuleSet.shard)
 
 
 def vision_rule_set(num_heads: int, head_dim: int, num_deepstack: int, hf_prefix: str = "model.visual.",

@@ -134,7 +134,7 @@ def document_spans(attention_mask) -> list[list[tuple[int, int]]]:
     (runs of equal ids; the padding after the last document is a run too)."""
     ids = attention_mask.segment_ids() if hasattr(attention_mask, "segment_ids") else attention_mask
     if ids.dim() != 2:
-        raise NotImplementedError(
+        raise ValueError(
             f"DeepSeek sparse attention reads packed documents as segment ids [b, s]; got an "
             f"attention mask of shape {tuple(ids.shape)}.")
     ids = ids.cpu()
