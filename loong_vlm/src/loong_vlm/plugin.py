@@ -31,7 +31,7 @@ def loong_register_models(register):
              description="Qwen2.5-VL ViT: dynamic resolution, 2D RoPE, window attention, RMSNorm, SwiGLU")
     register("qwen2_5_merger", "loong_vlm.qwen2_5_vl.merger:Qwen25PatchMerger",
              config="loong_vlm.qwen2_5_vl.config:Qwen25MergerConfig", role="projector",
-             description="Qwen2.5-VL patch merger: RMSNorm, 2x2 consecutive patches, MLP (tensor parallel)")
+             description="Qwen2.5-VL patch merger: RMSNorm (or LayerNorm: Kimi), 2x2 consecutive patches, MLP")
     register("qwen3_vl", "loong_vlm.qwen3_vl.model:Qwen3VLProvider",
              config="loong_vlm.qwen3_vl.config:Qwen3VLConfig", engines=("megatron",), role="composer",
              description="Qwen3-VL: qwen3_vit (merger + deepstack) + Qwen3 decoder with interleaved MRoPE (HF interop)")
@@ -44,6 +44,12 @@ def loong_register_models(register):
     register("internvit", "loong_vlm.internvl.vision:InternViTEncoder",
              config="loong_vlm.internvl.config:InternViTConfig", role="encoder",
              description="InternViT: class token, absolute positions, layer scale, optional q/k RMSNorm")
+    register("kimi_k25", "loong_vlm.kimi_k25.provider:KimiK25Provider",
+             config="loong_vlm.kimi_k25.config:KimiK25Config", engines=("megatron",), role="composer",
+             description="Kimi-K2.5: moonvit + LayerNorm patch merger + DeepSeek-V3 decoder (HF interop)")
+    register("moonvit", "loong_vlm.encoders.moonvit:MoonViTEncoder",
+             config="loong_vlm.kimi_k25.config:MoonViTConfig", role="encoder",
+             description="MoonViT: native resolution, bicubic-resampled positions, frame sinusoids, clip attention")
     register("qwen3_vit", "loong_vlm.encoders.qwen3_vit:Qwen3ViTEncoder",
              config="loong_vlm.qwen3_vl.config:Qwen3ViTConfig", role="encoder",
              description="Qwen3-VL ViT: dynamic resolution, resampled learned positions, 2D RoPE, deepstack mergers")
@@ -60,6 +66,8 @@ def loong_register_checkpoint_adapters(register):
              description="Hugging Face <-> loong for Qwen3-VL (vision tower and deepstack mergers included)")
     register("internvl", "loong_vlm.internvl.hf_adapter:InternVLHFAdapter",
              description="Hugging Face <-> loong for InternVL (vision tower, projector, any text family)")
+    register("kimi_k25", "loong_vlm.kimi_k25.hf_adapter:KimiK25HFAdapter",
+             description="Hugging Face <-> loong for Kimi-K2.5 (MoonViT, projector, DeepSeek-V3 decoder)")
     register("qwen3_vl_moe", "loong_vlm.qwen3_vl.moe_hf_adapter:Qwen3VLMoeHFAdapter",
              description="Hugging Face <-> loong for Qwen3-VL-MoE (stacked experts, vision tower included)")
 

@@ -88,13 +88,20 @@ class LlavaConfig(DataConfig):
         tokens_per_second: Temporal MRoPE positions per second of video (the model's
             ``tokens_per_second``); a record's ``fps`` sets the seconds per temporal patch.
         video_layout: How a video is laid out in the tokens, as the model family reads it:
-            ``qwen2_5`` (one placeholder run, Qwen2-VL / Qwen2.5-VL MRoPE positions) or
+            ``qwen2_5`` (one placeholder run, Qwen2-VL / Qwen2.5-VL MRoPE positions),
             ``qwen3_vl`` (a ``<S.s seconds>`` timestamp and its own vision start / end per temporal
-            patch, Qwen3-VL positions; :mod:`loong_vlm.data.video_layout`). The model checks it.
-        image_processing: ``dynamic`` (Qwen-style patches at each image's own resolution) or
+            patch, Qwen3-VL positions) or ``kimi_k25`` (an ``HH:MM:SS.mmm`` timestamp and its own
+            vision start / end per clip; :mod:`loong_vlm.data.video_layout`). The model checks it.
+        image_processing: ``dynamic`` (Qwen-style patches at each image's own resolution),
             ``tiles`` (InternVL: fixed-size tiles of ``tile_size``, 1 to ``max_tiles`` per image
             by its aspect ratio plus a thumbnail, ImageNet normalisation; a video's sampled
-            frames one tile each; :mod:`loong_vlm.data.tiles`). The model checks it.
+            frames one tile each; :mod:`loong_vlm.data.tiles`) or ``navit`` (Kimi-K2.5 / MoonViT:
+            native resolution, never upscaled, padded to whole merge blocks, one frame per patch;
+            a video in clips of ``temporal_patch_size`` frames; :mod:`loong_vlm.data.navit`).
+            The model checks it.
+        max_patches: Patch budget of an image (``navit``).
+        max_patches_per_side: Most patches along a side of an image or frame (``navit``).
+        video_max_patches: Patch budget of a video frame (``navit``).
         tile_size: Side of a tile in pixels (``tiles``; the encoder's ``image_size``).
         min_tiles: Fewest tiles of an image (``tiles``).
         max_tiles: Most tiles of an image, before the thumbnail (``tiles``).
@@ -124,6 +131,9 @@ class LlavaConfig(DataConfig):
     tile_size: int = 448
     min_tiles: int = 1
     max_tiles: int = 12
+    max_patches: int = 16384
+    max_patches_per_side: int = 512
+    video_max_patches: int = 4096
     seq_length: int = 2048
     balancer: str = registered("balancer", default="kk_swap")
 
@@ -142,9 +152,13 @@ class LlavaConfig(DataConfig):
             raise ConfigError(f"data.valid_fraction = {self.valid_fraction} must be in (0, 1).")
         if self.seq_length < 2:
             raise ConfigError(f"data.seq_length = {self.seq_length} must be at least 2.")
-        if self.image_processing not in ("dynamic", "tiles"):
+        if self.image_processing not in ("dynamic", "tiles", "navit"):
             raise ConfigError(f"data.image_processing = {self.image_processing!r} must be dynamic (Qwen-style "
-                              "patches) or tiles (InternVL).")
+                              "patches), tiles (InternVL) or navit (Kimi-K2.5).")
+        if self.image_processing == "navit" and min(self.max_patches, self.video_max_patches,
+                                                    self.max_patches_per_side) < 1:
+            raise ConfigError("data.max_patches, data.video_max_patches and data.max_patches_per_side must be "
+                              "positive.")
         if self.image_processing == "tiles":
             if self.tile_size % factor:
                 raise ConfigError(f"data.tile_size = {self.tile_size} must be a multiple of patch_size * merge_size "
@@ -152,15 +166,23 @@ class LlavaConfig(DataConfig):
             if not 1 <= self.min_tiles <= self.max_tiles:
                 raise ConfigError(f"data.min_tiles = {self.min_tiles} and data.max_tiles = {self.max_tiles} need "
                                   "1 <= min_tiles <= max_tiles.")
-        if self.video_layout not in ("qwen2_5", "qwen3_vl"):
-            raise ConfigError(f"data.video_layout = {self.video_layout!r} must be qwen2_5 (Qwen2-VL / Qwen2.5-VL) "
-                              "or qwen3_vl (Qwen3-VL).")
+        if self.video_layout not in ("qwen2_5", "qwen3_vl", "kimi_k25"):
+            raise ConfigError(f"data.video_layout = {self.video_layout!r} must be qwen2_5 (Qwen2-VL / Qwen2.5-VL), "
+                              "qwen3_vl (Qwen3-VL) or kimi_k25 (Kimi-K2.5).")
 
     def vision_processor(self):
         """The :class:`~loong_vlm.data.vision.VisionProcessor` of these settings (a
-        :class:`~loong_vlm.data.tiles.TileProcessor` with ``image_processing=tiles``)."""
+        :class:`~loong_vlm.data.tiles.TileProcessor` with ``image_processing=tiles``, a
+        :class:`~loong_vlm.data.navit.NaViTProcessor` with ``navit``)."""
         from loong_vlm.data.vision import VisionProcessor
 
+        if self.image_processing == "navit":
+            from loong_vlm.data.navit import NaViTProcessor
+
+            return NaViTProcessor(patch_size=self.patch_size, merge_size=self.merge_size, max_patches=self.max_patches,
+                                  max_patches_per_side=self.max_patches_per_side,
+                                  video_max_patches=self.video_max_patches, clip_frames=self.temporal_patch_size,
+                                  video_max_frames=self.video_max_frames)
         if self.image_processing == "tiles":
             from loong_vlm.data.tiles import TileProcessor
 

@@ -10,7 +10,8 @@ from loong_core.errors import ConfigError
 #: as :meth:`loong_vlm.data.llava.LlavaDataModule.model_overrides` reports them.
 GEOMETRY_KEYS = {"patch_size": "patch_size", "temporal_patch_size": "temporal_patch_size",
                  "spatial_merge_size": "merge_size", "tokens_per_second": "tokens_per_second",
-                 "mrope_positions": "mrope", "video_layout": "video_layout", "tile_size": "tile_size"}
+                 "mrope_positions": "mrope", "video_layout": "video_layout", "tile_size": "tile_size",
+                 "image_processing": "image_processing"}
 
 #: Video layout of a VLM config that does not name one (``video_layout`` class attribute).
 DEFAULT_VIDEO_LAYOUT = "qwen2_5"
@@ -37,6 +38,16 @@ def check_vision_geometry(model: Any, geometry: dict[str, Any]) -> None:
         return
     encoder = model.encoder
     geometry = dict(geometry)
+    processing = geometry.pop("image_processing", None)
+    wanted_processing = getattr(encoder, "image_processing", None)  # encoders that read one kind only
+    if processing is not None and wanted_processing is not None and processing != wanted_processing:
+        raise ConfigError(f"data.image_processing = {processing} but model.encoder.name={encoder.name!r} reads "
+                          f"{wanted_processing} patches; set data.image_processing={wanted_processing}.")
+    if processing == "navit":
+        clip, frames = geometry.pop("temporal_patch_size", 1), getattr(encoder, "num_frame_embeddings", None)
+        if frames is not None and clip != frames:
+            raise ConfigError(f"data.temporal_patch_size = {clip} frames per video clip but "
+                              f"model.encoder.num_frame_embeddings = {frames}; set data.temporal_patch_size={frames}.")
     tile = geometry.pop("tile_size", None)
     if tile is not None:  # fixed-size tiles (data.image_processing=tiles)
         if getattr(encoder, "dynamic_resolution", False):

@@ -235,13 +235,14 @@ class LlavaDataModule:
                              [seconds] * len(row["videos"]), row["where"], self._frame_prefixes(row))
 
     def _frame_prefixes(self, row: dict) -> list[list[list[int]]]:
-        """Token ids of the timestamp before each temporal patch of each video (``qwen3_vl`` layout)."""
+        """Token ids of the timestamp before each temporal patch / clip of each video (``qwen3_vl`` and
+        ``kimi_k25`` layouts)."""
         from loong_vlm.data.video_layout import timestamp_prefixes
 
-        if self.config.video_layout != "qwen3_vl":
+        if self.config.video_layout not in ("qwen3_vl", "kimi_k25"):
             return []
         return timestamp_prefixes(row["video_sizes"], row.get("fps"), self.processor, self._timestamp_cache,
-                                  self.tokenizer.encode)
+                                  self.tokenizer.encode, self.config.video_layout)
 
     def _fitting(self, records: list[EncodedRecord], split: str) -> list[EncodedRecord]:
         cfg, kept = self.config, []
@@ -273,7 +274,7 @@ class LlavaDataModule:
                 "video_token_id": self.layout.video_token_id, "num_channels": 3, "patch_size": p.patch_size,
                 "temporal_patch_size": p.temporal_patch_size, "spatial_merge_size": p.merge_size,
                 "tokens_per_second": self.config.tokens_per_second, "mrope_positions": self.config.mrope,
-                "video_layout": self.config.video_layout,
+                "video_layout": self.config.video_layout, "image_processing": self.config.image_processing,
                 **({"tile_size": self.config.tile_size} if self.config.image_processing == "tiles" else {})}
 
     def build(self, num_train_samples: int, num_valid_samples: int, seed: int) -> tuple[LlavaSplit, LlavaSplit]:

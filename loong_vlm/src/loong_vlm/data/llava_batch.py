@@ -41,7 +41,7 @@ class EncodedRecord:
         seconds_per_grid: Seconds per temporal patch of each video.
         where: ``file:line`` of the record.
         frame_prefixes: Token ids of the timestamp text before each temporal patch of each video
-            (``qwen3_vl`` video layout; empty otherwise).
+            (``qwen3_vl`` / ``kimi_k25`` video layouts; empty otherwise).
     """
 
     ids: np.ndarray
@@ -68,7 +68,8 @@ class SampleLayout:
         processor: Grid -> token counts (its ``merge_size``).
         mrope: Emit ``[3, s]`` MRoPE position ids instead of ``[s]``.
         tokens_per_second: Temporal MRoPE positions per second of video.
-        video_layout: ``qwen2_5`` (one placeholder run per video) or ``qwen3_vl`` (timestamp +
+        video_layout: ``qwen2_5`` (one placeholder run per video), ``kimi_k25`` (timestamp + vision
+            start / end per clip) or ``qwen3_vl`` (timestamp +
             ``<|vision_start|>`` + run + ``<|vision_end|>`` per temporal patch, Qwen3-VL positions).
         vision_start_id: Id of ``<|vision_start|>`` (``qwen3_vl`` layout).
         vision_end_id: Id of ``<|vision_end|>`` (``qwen3_vl`` layout).
@@ -88,13 +89,15 @@ class SampleLayout:
 
     @property
     def per_frame(self) -> bool:
-        """Videos are split into one placeholder run per temporal patch (Qwen3-VL)."""
-        return self.video_layout == "qwen3_vl"
+        """Videos are split into one placeholder run per temporal patch (Qwen3-VL) or clip (Kimi-K2.5)."""
+        return self.video_layout in ("qwen3_vl", "kimi_k25")
 
     def _video_runs(self, record: EncodedRecord) -> list[int]:
         """Token count of each video placeholder run, in reading order."""
         if not self.per_frame:
             return [self.processor.tokens(g) for g in record.video_grids]
+        if self.video_layout == "kimi_k25":
+            return [run for g in record.video_grids for run in self.processor.clip_runs(g)]
         return [self.processor.tokens((1, h, w)) for t, h, w in record.video_grids for _ in range(t)]
 
     def expanded(self, record: EncodedRecord) -> tuple[np.ndarray, np.ndarray]:

@@ -10,6 +10,11 @@ merge^2`` video tokens and ``<|vision_end|>``; the markup's own ``<|vision_start
 it. A timestamp is the mean time of the first and last frame of its temporal patch, a frame's time
 being its index in the record's frame list divided by the record's ``fps``
 (:data:`FALLBACK_FPS` when the record has none, as transformers assumes).
+
+``kimi_k25``: as ``qwen3_vl`` with clips of ``data.temporal_patch_size`` frames (the encoder
+averages a clip into one frame's tokens) and the time of a clip's first frame written
+``HH:MM:SS.mmm`` (transformers' ``Kimi_K25Processor``; its ``<|media_begin|>video<|media_content|>``
+/ ``<|media_end|>`` markup is the tokenizer's vision start / end here).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import numpy as np
 from loong_core.errors import ConfigError
 
 #: Accepted values of ``data.video_layout`` (and of a VLM config's ``video_layout``).
-VIDEO_LAYOUTS = ("qwen2_5", "qwen3_vl")
+VIDEO_LAYOUTS = ("qwen2_5", "qwen3_vl", "kimi_k25")
 
 #: Frame rate assumed for a record without ``fps`` (transformers' Qwen3-VL processor default).
 FALLBACK_FPS = 24.0
@@ -49,6 +54,18 @@ def frame_timestamps(frame_indices: Sequence[int], fps: float | None, temporal_p
 def timestamp_text(seconds: float) -> str:
     """The text written before a temporal patch, e.g. ``<0.5 seconds>`` (one decimal)."""
     return f"<{seconds:.1f} seconds>"
+
+
+def clock_text(seconds: float) -> str:
+    """The text written before a Kimi-K2.5 clip, e.g. ``00:01:02.500``."""
+    whole = int(seconds)
+    return f"{whole // 3600:02d}:{whole // 60 % 60:02d}:{whole % 60:02d}.{int(seconds % 1 * 1000):03d}"
+
+
+def clip_start_times(frame_indices: Sequence[int], fps: float | None, clip_frames: int) -> list[float]:
+    """Seconds of the first frame of each clip of ``clip_frames`` kept frames (the last may be shorter)."""
+    rate = float(fps) if fps else FALLBACK_FPS
+    return [frame_indices[i] / rate for i in range(0, len(frame_indices), clip_frames)]
 
 
 def split_videos_into_frames(ids: np.ndarray, mask: np.ndarray, video_token_id: int,
@@ -92,8 +109,9 @@ def split_videos_into_frames(ids: np.ndarray, mask: np.ndarray, video_token_id: 
 
 
 def timestamp_prefixes(video_sizes: Sequence[Sequence[int]], fps: float | None, processor,
-                       cache: dict[str, list[int]], encode: Callable[[str], list[int]]) -> list[list[list[int]]]:
-    """Token ids of the timestamp text before each temporal patch of each video of a record.
+                       cache: dict[str, list[int]], encode: Callable[[str], list[int]],
+                       layout: str = "qwen3_vl") -> list[list[list[int]]]:
+    """Token ids of the timestamp text before each temporal patch (clip) of each video of a record.
 
     Args:
         video_sizes: ``(frames, height, width)`` of each video.
@@ -101,13 +119,18 @@ def timestamp_prefixes(video_sizes: Sequence[Sequence[int]], fps: float | None, 
         processor: The :class:`~loong_vlm.data.vision.VisionProcessor` choosing the kept frames.
         cache: Timestamp text -> ids, filled as texts are met (records share most timestamps).
         encode: Text -> token ids (no special tokens added).
+        layout: ``qwen3_vl`` or ``kimi_k25``.
     """
     from loong_vlm.data.vision import sample_frame_indices
 
     prefixes = []
     for num_frames, _, _ in video_sizes:
-        kept = sample_frame_indices(num_frames, processor.video_max_frames, processor.temporal_patch_size)
-        texts = [timestamp_text(t) for t in frame_timestamps(kept, fps, processor.temporal_patch_size)]
+        if layout == "kimi_k25":
+            kept = sample_frame_indices(num_frames, processor.video_max_frames, 1)
+            texts = [clock_text(t) for t in clip_start_times(kept, fps, processor.temporal_patch_size)]
+        else:
+            kept = sample_frame_indices(num_frames, processor.video_max_frames, processor.temporal_patch_size)
+            texts = [timestamp_text(t) for t in frame_timestamps(kept, fps, processor.temporal_patch_size)]
         for text in texts:
             if text not in cache:
                 cache[text] = list(encode(text))

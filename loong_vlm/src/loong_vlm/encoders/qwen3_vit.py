@@ -15,7 +15,7 @@ from megatron.core import tensor_parallel
 from megatron.core.transformer.module import MegatronModule
 
 from loong_core.errors import ConfigError
-from loong_vlm.encoders import qwen3_vit_positions as geometry
+from loong_vlm.encoders import patch_geometry as geometry
 from loong_vlm.encoders.spec import bidirectional_layer_spec, encoder_transformer_config
 from loong_vlm.qwen3_vl.config import Qwen3ViTConfig
 
@@ -72,9 +72,15 @@ class _MergerList(torch.nn.ModuleList):
         return out
 
 
-class _FrameBatch:
-    """Scatters the packed patch sequence into a padded ``[max_len, frames, ...]`` batch (one
-    frame per batch column, so attention stays within a frame) and gathers it back."""
+class FrameBatch:
+    """Scatters the packed patch sequence into a padded ``[max_len, segments, ...]`` batch (one
+    attention segment per batch column: a frame for Qwen3-VL, a whole clip for MoonViT, so
+    attention stays within it) and gathers it back.
+
+    Args:
+        lengths: Patches of each segment, in packing order.
+        device: Where the index tensors live.
+    """
 
     def __init__(self, lengths: list[int], device: torch.device):
         self.frames, self.max_len = len(lengths), max(lengths)
@@ -178,7 +184,7 @@ class Qwen3ViTEncoder(MegatronModule):
             raise ValueError(f"grid_thw describes {int(grid_thw.prod(-1).sum())} patches but "
                              f"pixel_values has {pixel_values.shape[0]} rows.")
         x = self.embed(pixel_values, grid_thw)
-        frames = _FrameBatch(geometry.frame_lengths(grid_thw), x.device)
+        frames = FrameBatch(geometry.frame_lengths(grid_thw), x.device)
         head_dim = c.hidden_size // c.num_attention_heads
         rotary = geometry.rotary_angles(grid_thw, c.spatial_merge_size, head_dim, c.rope_theta).to(x.device)
         rotary = frames.pad(rotary)[:, :, None, :]  # [max_len, frames, 1, head_dim]

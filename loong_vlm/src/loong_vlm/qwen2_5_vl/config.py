@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar, Optional
+from typing import ClassVar, Literal, Optional
 
 from loong_core.config.schema import ModelConfig
 from loong_llm.families.qwen2.config import Qwen2Config
@@ -64,15 +64,18 @@ class Qwen25ViTConfig(VisionEncoderConfig):
 class Qwen25MergerConfig(ModelConfig):
     """Qwen2.5-VL's patch merger: RMSNorm over each patch, then each block of
     ``spatial_merge_size^2`` consecutive patches (one 2x2 block in merge order) concatenated and
-    passed through Linear -> GELU -> Linear to the foundation's width.
+    passed through Linear -> GELU -> Linear to the foundation's width. With a LayerNorm it is
+    Kimi-K2.5's projector.
 
     Attributes:
         spatial_merge_size: Side of the merged block (must equal the encoder's).
-        norm_epsilon: RMSNorm epsilon.
+        normalization: ``RMSNorm`` (Qwen2.5-VL) or ``LayerNorm`` (Kimi-K2.5, with a bias).
+        norm_epsilon: Epsilon of the norm.
         freeze: Keep the merger's weights fixed.
     """
 
     spatial_merge_size: int = 2
+    normalization: Literal["RMSNorm", "LayerNorm"] = "RMSNorm"
     norm_epsilon: float = 1.0e-6
     freeze: bool = False
 

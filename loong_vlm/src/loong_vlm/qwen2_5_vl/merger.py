@@ -11,7 +11,7 @@ from loong_vlm.qwen2_5_vl.config import Qwen25MergerConfig
 
 
 class Qwen25PatchMerger(MegatronModule):
-    """RMSNorm over each patch -> concatenate each ``merge^2`` consecutive patches (one merge
+    """RMSNorm (or LayerNorm) over each patch -> concatenate each ``merge^2`` consecutive patches (one merge
     block, as the encoder keeps them) -> column-parallel Linear -> GELU -> row-parallel Linear.
 
     Args:
@@ -31,7 +31,8 @@ class Qwen25PatchMerger(MegatronModule):
         if width % tp:
             raise ConfigError(f"the merger width {width} (encoder hidden_size x spatial_merge_size^2) "
                               f"must be divisible by tensor_model_parallel_size ({tp}).")
-        self.norm = torch.nn.RMSNorm(input_size, eps=cfg.norm_epsilon)
+        norm = torch.nn.LayerNorm if cfg.normalization == "LayerNorm" else torch.nn.RMSNorm
+        self.norm = norm(input_size, eps=cfg.norm_epsilon)
         self.linear_fc1 = tensor_parallel.ColumnParallelLinear(
             width, width, config=config, init_method=config.init_method, bias=True, gather_output=False)
         self.linear_fc2 = tensor_parallel.RowParallelLinear(
