@@ -39,6 +39,10 @@ def loong_register_cli_commands(register):
     register("plot", "loong_core.cli.plot_cmd:add_parser", description="plot run curves to PNG")
     register("doctor", "loong_core.cli.doctor_cmd:add_parser",
              description="versions, devices and kernel availability")
+    register("launch slurm", "loong_core.cli.launch_cmd:add_slurm_parser",
+             description="sbatch script running loong train on every node (srun, requeue)")
+    register("launch k8s", "loong_core.cli.launch_cmd:add_k8s_parser",
+             description="Kubernetes PyTorchJob or JobSet manifest running loong train per pod")
 
 
 @hookimpl

@@ -10,7 +10,8 @@ from loong_core import __version__, quick_exit
 from loong_core.errors import LoongError
 from loong_core.logs import quiet_third_party
 
-GROUP_HELP = {"data": "prepare datasets", "eval": "evaluate models"}
+GROUP_HELP = {"data": "prepare datasets", "eval": "evaluate models",
+              "launch": "job files for cluster schedulers (slurm, k8s)"}
 
 
 def build_parser() -> argparse.ArgumentParser:

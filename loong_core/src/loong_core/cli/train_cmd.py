@@ -6,6 +6,8 @@ import logging
 import signal
 import sys
 
+from loong_core.cli.launch_args import add_launch_arguments, launch_options
+
 
 def add_parser(subparsers) -> None:
     """Add the ``train`` subcommand."""
@@ -16,13 +18,7 @@ def add_parser(subparsers) -> None:
                     "this process; more ranks (or nodes) run through torchrun.",
     )
     p.add_argument("overrides", nargs="*", help="Hydra overrides: key=value, group=option")
-    p.add_argument("--nproc-per-node", type=int, default=1, help="ranks on this machine")
-    p.add_argument("--nnodes", default="1", help="machines, N or MIN:MAX (elastic)")
-    p.add_argument("--node-rank", type=int, default=0, help="this machine's rank")
-    p.add_argument("--rdzv-endpoint", default=None, help="host:port of the rendezvous")
-    p.add_argument("--rdzv-id", default="loong", help="job id shared by all nodes")
-    p.add_argument("--max-restarts", type=int, default=0, help="worker-group restarts (elastic)")
-    p.add_argument("--master-port", type=int, default=None, help="port for single-node runs")
+    add_launch_arguments(p)
     p.set_defaults(func=run, accepts_overrides=True, exit_without_teardown=True)
 
 
@@ -31,14 +27,11 @@ def run(args, extra) -> int:
     from loong_core.config.compose import load_config
     from loong_core.config.validate import check_writable_paths
     from loong_core.devices.select import resolve_device_name
-    from loong_core.launch import LaunchOptions, launch
+    from loong_core.launch import launch
     from loong_core.runtime import check_layout
 
     overrides = list(args.overrides) + list(extra)
-    options = LaunchOptions(nproc_per_node=args.nproc_per_node, nnodes=args.nnodes,
-                            node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint,
-                            rdzv_id=args.rdzv_id, max_restarts=args.max_restarts,
-                            master_port=args.master_port)
+    options = launch_options(args)
     cfg = load_config(overrides)  # fail before spawning anything
     check_writable_paths(cfg)
     resolve_device_name(cfg.device.name)  # a named device that is missing: one error, here
