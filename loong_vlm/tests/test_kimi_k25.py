@@ -67,7 +67,8 @@ def test_hf_to_loong_at_ep2_to_hf_is_bit_exact_in_bf16(hf_dir, tmp_path):
     src, back = load_file(source / "model.safetensors"), load_file(tmp_path / "back" / "model.safetensors")
     assert set(src) == set(back) and any(".wqkv." in name for name in back)
     assert all(torch.equal(src[n], back[n]) and back[n].dtype == torch.bfloat16 for n in src)
-    assert json.loads((tmp_path / "back" / "config.json").read_text()) == json.loads((source / "config.json").read_text())
+    config = json.loads((source / "config.json").read_text())
+    assert json.loads((tmp_path / "back" / "config.json").read_text()) == config
 
 
 def test_published_tensor_names_read(hf_dir, tmp_path):

@@ -113,7 +113,8 @@ class NaViTProcessor:
     def video_grid(self, num_frames: int, height: int, width: int) -> tuple[int, int, int]:
         """Patch grid ``(frames kept, rows, cols)`` of a frame list of that length and frame size."""
         _, (h, w) = self._size(height, width, self.video_max_patches)
-        return len(sample_frame_indices(num_frames, self.video_max_frames, 1)), h // self.patch_size, w // self.patch_size
+        frames = len(sample_frame_indices(num_frames, self.video_max_frames, 1))
+        return frames, h // self.patch_size, w // self.patch_size
 
     def clip_runs(self, grid: Sequence[int]) -> list[int]:
         """Placeholder tokens of each clip of a video grid, in order."""

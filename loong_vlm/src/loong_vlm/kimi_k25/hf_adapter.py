@@ -119,8 +119,8 @@ class KimiK25HFAdapter(VLMHFAdapter):
     def rule_set(self, cfg) -> PartsRuleSet:
         e, f = cfg.encoder, cfg.foundation
         text = self.text.rule_set(f)
-        text_rules = [dataclasses.replace(rule, loong="language_model." + rule.loong, hf=tuple(map(_text_name, rule.hf)),
-                                          also=tuple(map(_text_name, rule.also)))
+        text_rules = [dataclasses.replace(rule, loong="language_model." + rule.loong,
+                                          hf=tuple(map(_text_name, rule.hf)), also=tuple(map(_text_name, rule.also)))
                       for rule in text.rules]
         shape = Shape(num_heads=e.num_attention_heads, num_groups=e.num_attention_heads,
                       head_dim=e.hidden_size // e.num_attention_heads, vocab_size=0)
