@@ -25,11 +25,25 @@ def test_complete_checkpoint_is_found(tmp_path):
     assert store.load_rng(path, 0) == {"seed": 1}
 
 
+def _killed_save(root, iteration):
+    """What a save killed halfway leaves: a partial folder with some of its files."""
+    partial = root / (store.checkpoint_name(iteration) + ".partial")
+    partial.mkdir()
+    (partial / "shard.bin").write_bytes(b"x" * 5)
+    return partial
+
+
 def test_interrupted_save_is_never_picked(tmp_path):
+    _save(tmp_path, 5)
+    _killed_save(tmp_path, 10)
+    assert store.find_latest(tmp_path).name == "iter_0000005"
+
+
+def test_a_save_that_raises_removes_its_partial_folder(tmp_path):
     _save(tmp_path, 5)
     with pytest.raises(RuntimeError, match="disk full"):
         _save(tmp_path, 10, fail=True)
-    assert (tmp_path / "iter_0000010.partial").is_dir()
+    assert not (tmp_path / "iter_0000010.partial").exists()
     assert store.find_latest(tmp_path).name == "iter_0000005"
 
 
@@ -40,8 +54,7 @@ def test_folder_without_completion_record_is_ignored(tmp_path):
 
 
 def test_retry_replaces_a_stale_partial(tmp_path):
-    with pytest.raises(RuntimeError):
-        _save(tmp_path, 10, fail=True)
+    _killed_save(tmp_path, 10)
     path = _save(tmp_path, 10)
     assert not (tmp_path / "iter_0000010.partial").exists()
     assert store.find_latest(tmp_path) == path

@@ -35,5 +35,11 @@ class CheckpointError(LoongError):
     """A checkpoint is missing, incomplete or corrupt."""
 
 
+class CheckpointSaveError(CheckpointError):
+    """A checkpoint could not be written for a reason of the storage (a full disk, a quota, an I/O
+    error); nothing of it is visible and the checkpoints written before are intact, so training
+    can go on (see :meth:`loong_core.trainer.loop.Trainer.save`)."""
+
+
 class TrainingError(LoongError):
     """Training cannot continue (for example the loss became NaN)."""

@@ -1,4 +1,5 @@
-"""Testing kit: damage or booby-trap a checkpoint the way an unlucky operator or an attacker would.
+"""Testing kit: damage or booby-trap a checkpoint the way an unlucky operator or an attacker would,
+and give a run the storage of an unlucky cluster (:func:`small_filesystem`, :func:`read_only_folder`).
 
 Each ``plant_*`` function rewrites one file of a checkpoint so that unpickling it runs a payload
 (it creates ``marker``) and then returns the original object: a loader that unpickles freely
@@ -15,7 +16,11 @@ import dataclasses
 import io
 import json
 import operator
+import os
 import pickle
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -146,3 +151,71 @@ def _checkpoint_of(file: Path) -> Path:
         if (parent / COMPLETE_FILE).is_file():
             return parent
     raise ValueError(f"{file} is not inside a checkpoint")
+
+
+def _mount_tmpfs(folder: Path, options: str) -> str | None:
+    """Mount a tmpfs on ``folder``; the reason when that is not possible (not root, no
+    ``CAP_SYS_ADMIN``, no ``mount``)."""
+    try:
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)],
+                              capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return str(exc)
+    return None if done.returncode == 0 else (done.stderr.strip() or f"mount exited {done.returncode}")
+
+
+def _unmount(folder: Path) -> None:
+    subprocess.run(["umount", "-l", str(folder)], capture_output=True, timeout=30)
+
+
+@contextmanager
+def small_filesystem(folder: Path, size_bytes: int) -> Iterator[Path]:
+    """A real filesystem of ``size_bytes`` mounted on ``folder`` (a tmpfs, created empty): writes
+    past its size fail with ``ENOSPC`` as on a full disk. Skips the test (pytest) where mounting
+    is not permitted (it needs root or ``CAP_SYS_ADMIN``).
+
+    Yields:
+        ``folder``.
+    """
+    import pytest
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    why = _mount_tmpfs(folder, f"size={int(size_bytes)}")
+    if why:
+        pytest.skip(f"a small filesystem needs 'mount -t tmpfs' (root or CAP_SYS_ADMIN): {why}")
+    try:
+        yield folder
+    finally:
+        _unmount(folder)
+
+
+@contextmanager
+def read_only_folder(folder: Path) -> Iterator[Path]:
+    """``folder`` made read-only for this process: ``chmod 0555`` for a normal user; for root, who
+    ignores permission bits, a read-only tmpfs mounted on it (the test is skipped where root may
+    not mount). Its previous content is hidden by the mount in the root case.
+
+    Yields:
+        ``folder``.
+    """
+    import pytest
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        mode = folder.stat().st_mode
+        folder.chmod(0o555)
+        try:
+            yield folder
+        finally:
+            folder.chmod(mode)
+        return
+    why = _mount_tmpfs(folder, "ro,size=64k")
+    if why:
+        pytest.skip("root ignores permission bits, and a read-only mount (root's way to make a folder "
+                    f"read-only) is not permitted here: {why}")
+    try:
+        yield folder
+    finally:
+        _unmount(folder)

@@ -9,11 +9,17 @@ Layout under ``<run_dir>/checkpoints``::
         ...                   the engine's files (dist_checkpointing / DCP)
     iter_0000020.partial/     a save in progress or interrupted: never loaded, removed on retry
 
-Saving is collective: every rank writes its shards into ``iter_N.partial``; after a barrier rank 0
+Saving is collective: every rank writes its shards into ``iter_N.partial``; once all have, rank 0
 writes the completion record and renames the folder. A crash at any point leaves either the old
-checkpoints untouched or a ``.partial`` folder that :func:`find_latest` ignores. Before a
+checkpoints untouched or a ``.partial`` folder that :func:`find_latest` ignores. A save the storage
+refuses (a full disk) fails on every rank together and removes its ``.partial`` folder
+(:mod:`~loong_core.checkpoint.space`). Before a
 checkpoint is read, :func:`verify_checkpoint` checks its files against the record
 (:mod:`~loong_core.checkpoint.integrity`), and :func:`find_latest_intact` passes over damaged ones.
+
+The phases (:func:`begin_save`, the engine's write and :func:`write_rng`, :func:`commit`) are
+also used apart: an asynchronous save (:mod:`~loong_core.checkpoint.async_save`) commits when the
+engine's background write has finished on every rank, steps later.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from loong_core.checkpoint import integrity
+from loong_core.checkpoint import integrity, space
 from loong_core.errors import CheckpointError
 
 logger = logging.getLogger(__name__)
@@ -133,14 +139,14 @@ def write_record(directory: Path, record: dict) -> None:
     os.replace(tmp, directory / COMPLETE_FILE)
 
 
-def _barrier() -> None:
-    if torch.distributed.is_initialized():
-        torch.distributed.barrier()
-
-
 def save_collective(checkpoint_root: Path, iteration: int, write_shards, record: dict,
                     rng_state: dict) -> Path:
     """Write a checkpoint atomically on all ranks.
+
+    A failure on any rank fails the save on every rank: the ``.partial`` folder is removed and
+    the checkpoints written before stay as they were (a complete checkpoint of the same
+    iteration is replaced only by a complete one). Before writing, rank 0 refuses a save that
+    cannot fit (:func:`~loong_core.checkpoint.space.preflight`).
 
     Args:
         checkpoint_root: ``<run_dir>/checkpoints``.
@@ -154,37 +160,116 @@ def save_collective(checkpoint_root: Path, iteration: int, write_shards, record:
 
     Returns:
         The final checkpoint directory.
+
+    Raises:
+        CheckpointSaveError: The storage refused a write (see :func:`~loong_core.checkpoint.space.agree`).
     """
-    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    rank = _rank()
+    _, partial = begin_save(checkpoint_root, iteration)
+    failure = known = None
+    try:
+        known = write_shards(str(partial))
+        write_rng(partial, rank, rng_state)
+    except (Exception, CheckpointException) as exc:  # torch's derives from BaseException
+        failure = exc  # every rank hears of it first; then it is raised
+    space.agree(failure, rank, checkpoint_root, partial, iteration)
+    return commit(checkpoint_root, iteration, record, known=known if isinstance(known, dict) else None)
+
+
+def _rank() -> int:
+    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+
+
+def partial_path(checkpoint_root: Path, iteration: int) -> Path:
+    """The folder a save of ``iteration`` writes into until it is complete."""
+    return checkpoint_root / (checkpoint_name(iteration) + ".partial")
+
+
+def begin_save(checkpoint_root: Path, iteration: int) -> tuple[Path, Path]:
+    """First phase of a collective save: rank 0 makes an empty ``iter_N.partial`` folder after
+    the free-space check (:func:`~loong_core.checkpoint.space.preflight`); all ranks agree.
+
+    Returns:
+        ``(final, partial)`` directories.
+
+    Raises:
+        CheckpointSaveError: The storage refused (on every rank).
+    """
+    rank = _rank()
     final = checkpoint_root / checkpoint_name(iteration)
-    partial = checkpoint_root / (final.name + ".partial")
+    partial = partial_path(checkpoint_root, iteration)
+    failure = None
     if rank == 0:
-        checkpoint_root.mkdir(parents=True, exist_ok=True)
-        if partial.exists():
-            shutil.rmtree(partial)
-        if final.exists():
-            shutil.rmtree(final)
-        partial.mkdir(parents=True)
-    _barrier()
-    known = write_shards(str(partial))
+        try:
+            checkpoint_root.mkdir(parents=True, exist_ok=True)
+            if partial.exists():
+                shutil.rmtree(partial)
+            space.preflight(checkpoint_root, find_latest(checkpoint_root))
+            partial.mkdir(parents=True)
+        except OSError as exc:
+            failure = exc
+    space.agree(failure, rank, checkpoint_root, partial, iteration)
+    return final, partial
+
+
+def write_rng(partial: Path, rank: int, rng_state: dict) -> None:
+    """This rank's RNG state into the partial folder."""
     (partial / "rng").mkdir(exist_ok=True)
     torch.save(rng_state, partial / "rng" / f"rank_{rank:05d}.pt")
-    _barrier()
+
+
+def commit(checkpoint_root: Path, iteration: int, record: dict, known: dict | None = None) -> Path:
+    """Last phase of a collective save, once every rank's files are in ``iter_N.partial``: the
+    checksums (each rank a share), then rank 0 writes the completion record and renames the
+    folder into place; all ranks agree on the outcome.
+
+    Args:
+        checkpoint_root: ``<run_dir>/checkpoints``.
+        iteration: Completed optimizer steps.
+        record: JSON-ready metadata stored in the completion record.
+        known: This rank's checksums computed while writing, if any.
+
+    Returns:
+        The final checkpoint directory.
+
+    Raises:
+        CheckpointSaveError: The storage refused a write (the partial folder is removed).
+    """
+    rank = _rank()
+    final = checkpoint_root / checkpoint_name(iteration)
+    partial = partial_path(checkpoint_root, iteration)
+    failure = None
     files = integrity.collective_checksums(partial, skip=(COMPLETE_FILE, COMPLETE_FILE[:-5] + ".tmp"),
-                                           known=known if isinstance(known, dict) else None)
+                                           known=known)
     if rank == 0:
-        complete = partial / COMPLETE_FILE
-        tmp = complete.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"iteration": iteration, **record, "files": files}, indent=1))
-        os.replace(tmp, complete)
-        os.replace(partial, final)
-        fd = os.open(checkpoint_root, os.O_RDONLY)
+        try:
+            complete = partial / COMPLETE_FILE
+            tmp = complete.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"iteration": iteration, **record, "files": files}, indent=1))
+            os.replace(tmp, complete)
+            if final.exists():  # the same iteration saved again: replaced only now it is complete
+                shutil.rmtree(final)
+            os.replace(partial, final)
+        except OSError as exc:
+            failure = exc
+        else:
+            _sync_directory(checkpoint_root)
+    space.agree(failure, rank, checkpoint_root, partial, iteration)
+    return final
+
+
+def _sync_directory(path: Path) -> None:
+    """Flush a rename in ``path`` to disk (a failure only means it may not survive a power cut)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
-    _barrier()
-    return final
+    except OSError as exc:
+        logger.warning("could not flush %s to disk (%s); the checkpoint is complete", path, exc)
 
 
 def load_rng(path: Path, rank: int) -> dict | None:

@@ -139,13 +139,30 @@ def check_name(value: str, path: str) -> None:
         )
 
 
-def check_writable_dir(directory: str | os.PathLike, path: str, purpose: str) -> None:
+def _cannot_write(folder: Path) -> str | None:
+    """Why no file can be created in ``folder`` (None: one can). A file is created and removed
+    at once: permission bits alone miss a read-only mount, ACLs, root squashed on NFS, and a
+    filesystem without a free inode."""
+    import tempfile
+
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        return (exc.strerror or str(exc)).lower()
+    return None if os.access(folder, os.W_OK | os.X_OK) else "permission denied"
+
+
+def check_writable_dir(directory: str | os.PathLike, path: str, purpose: str,
+                       subfolders: tuple[str, ...] = ()) -> None:
     """Require that ``directory`` is (or can be created as) a writable folder, without creating it.
 
     Args:
         directory: The folder.
         path: Config key (or environment variable) that chose it.
         purpose: What is written there, for the message.
+        subfolders: Folders inside ``directory`` that must be writable too when they exist
+            (``checkpoints`` of a run directory).
     """
     target = Path(directory).expanduser()
     probe = target
@@ -158,11 +175,15 @@ def check_writable_dir(directory: str | os.PathLike, path: str, purpose: str) ->
             f"'{path}' = {str(directory)!r}: {probe} is a file, so the {purpose} folder cannot be "
             f"created there; choose another {path}."
         )
-    if probe.exists() and not os.access(probe, os.W_OK | os.X_OK):
-        raise ConfigError(
-            f"'{path}' = {str(directory)!r}: {probe} is not writable, so the {purpose} cannot be "
-            f"written; choose a writable {path}."
-        )
+    folders = [probe] + [target / name for name in subfolders if (target / name).is_dir()]
+    for folder in folders if probe.exists() else []:
+        reason = _cannot_write(folder)
+        if reason:
+            raise ConfigError(
+                f"'{path}' = {str(directory)!r}: {folder} is not writable ({reason}), so the "
+                f"{purpose} cannot be written there. Make it writable (chmod u+w, or remount the "
+                f"filesystem read-write) or choose another {path}."
+            )
 
 
 def check_batch_layout(global_batch: int, micro_batch: int, data_parallel: int, how: str) -> None:

@@ -130,6 +130,20 @@ class ParallelConfig:
         accumulate_allreduce_grads_in_fp32: megatron engine with bf16 / fp16: accumulate and
             reduce gradients in fp32 buffers (megatron-core DDP's ``grad_reduce_in_fp32``);
             false keeps them in the parameter dtype. fp32 runs reduce in fp32 anyway.
+        fp8_format: FP8 training (Megatron ``--fp8-format``): None (off), ``e4m3`` (every
+            FP8 tensor e4m3) or ``hybrid`` (activations and weights e4m3, gradients e5m2). torch
+            engine: torchao's float8 training swaps the chosen ``nn.Linear`` layers; megatron
+            engine: needs TransformerEngine (docs/mixed_precision.md).
+        fp8_recipe: How FP8 tensors are scaled (Megatron ``--fp8-recipe``): ``tensorwise`` (one
+            dynamic scale per tensor) or ``rowwise`` (one per row, powers of two; ``e4m3`` only).
+        first_last_layers_bf16: Adaptive FP8 (Megatron ``--first-last-layers-bf16``): keep the
+            first ``num_layers_at_start_in_bf16`` and last ``num_layers_at_end_in_bf16`` blocks
+            of the model out of FP8 (in the compute dtype).
+        num_layers_at_start_in_bf16: Blocks at the start kept out of FP8 (with the above).
+        num_layers_at_end_in_bf16: Blocks at the end kept out of FP8 (with the above).
+        fp8_min_gemm_dim: Adaptive FP8: a Linear whose ``in_features`` or ``out_features`` is
+            below this stays out of FP8 (its GEMM is too small to gain from it); 0 keeps only
+            the rule FP8 matmuls impose (both dimensions multiples of 16).
     """
 
     engine: str = registered("engine", default="megatron")
@@ -153,6 +167,12 @@ class ParallelConfig:
     activation_checkpointing: bool = False
     mixed_precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     accumulate_allreduce_grads_in_fp32: bool = True
+    fp8_format: Optional[Literal["e4m3", "hybrid"]] = None
+    fp8_recipe: Literal["tensorwise", "rowwise"] = "tensorwise"
+    first_last_layers_bf16: bool = False
+    num_layers_at_start_in_bf16: int = non_negative(1)
+    num_layers_at_end_in_bf16: int = non_negative(1)
+    fp8_min_gemm_dim: int = non_negative(0)
 
 
 @dataclass
@@ -236,6 +256,20 @@ class TrainerConfig:
             never written either way.
         save_on_signal: On SIGTERM (what a scheduler sends before preemption) every rank stops
             after its current step, a checkpoint is written, and the run exits cleanly (code 0).
+        async_save: Write the checkpoints of ``save_interval`` in the background: the loop is
+            blocked only while the state is taken (a forked writer on the megatron engine, a
+            copy to host memory and a writer thread on the torch engine), and the checkpoint
+            becomes visible (record, rename) once every rank has finished writing, checked at
+            the start of each later step. A second save waits for the first; the last save (end
+            of training, ``save_on_signal``) is written synchronously, so every checkpoint is
+            complete before the run exits. A crash meanwhile leaves only a ``.partial`` folder,
+            never loaded. Costs host memory for the snapshot (copy-on-write pages of the forked
+            writer, or a copy of model and optimizer state).
+        straggler_factor: Name a straggler: on the last step of each logging interval every rank
+            times the work it does on its own (loading its batch, its forward), and rank 0 logs a
+            WARNING naming a rank (and its host) whose time exceeds this multiple of the median
+            of the other ranks of its pipeline stage; 0 turns the check off (no timing, no
+            collective). Runs of several ranks only.
     """
 
     train_iters: int = positive(100)
@@ -255,6 +289,8 @@ class TrainerConfig:
     tensorboard: bool = True
     exit_on_nan: bool = True
     save_on_signal: bool = False
+    async_save: bool = False
+    straggler_factor: float = non_negative(1.5)
 
 
 @dataclass

@@ -210,6 +210,9 @@ def _check_consistency(cfg: LoongConfig, registry: Registry) -> None:
             raise ConfigError(str(exc)) from None
     if t.resume not in ("none", "auto") and not t.resume:
         raise ConfigError("'trainer.resume' must be 'none', 'auto' or a checkpoint directory.")
+    if 0 < t.straggler_factor <= 1:
+        raise ConfigError(f"'trainer.straggler_factor' = {t.straggler_factor} would name ranks no slower "
+                          "than the others; use a ratio above 1 (e.g. 1.5) or 0 to turn the check off.")
     from loong_core.kernels.resolve import check_names
 
     check_names(dataclasses.asdict(cfg.kernels), registry)
@@ -219,6 +222,9 @@ def _check_consistency(cfg: LoongConfig, registry: Registry) -> None:
     from loong_core.config.sequence_chunks_rules import check_sequence_chunks
 
     check_sequence_chunks(cfg)
+    from loong_core.config.fp8_rules import check_fp8
+
+    check_fp8(cfg)
     cfg.model.check(cfg, "model")
 
 
@@ -231,7 +237,7 @@ def check_writable_paths(cfg: LoongConfig) -> None:
     """
     t = cfg.trainer
     if t.run_dir:
-        check_writable_dir(t.run_dir, "trainer.run_dir", "run")
+        check_writable_dir(t.run_dir, "trainer.run_dir", "run", subfolders=("checkpoints",))
     else:
         check_writable_dir(Path(os.environ.get("LOONG_RUNS", "runs")) / cfg.name,
                            "$LOONG_RUNS (or ./runs) / name", "run")

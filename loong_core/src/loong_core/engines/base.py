@@ -73,6 +73,11 @@ class Engine:
 
         return torch.float32
 
+    def banner_lines(self) -> list[str]:
+        """Lines this engine adds to the run's banner after :meth:`setup` (choices made on the
+        built model, e.g. which layers run in FP8); none by default."""
+        return []
+
     def init_parallel(self) -> ParallelLayout:
         """Create the parallel groups; returns this rank's layout."""
         raise NotImplementedError
@@ -96,6 +101,18 @@ class Engine:
     def save_checkpoint(self, directory: str, common_state: dict) -> None:
         """Write model, optimizer, scheduler and ``common_state`` into ``directory`` (collective)."""
         raise NotImplementedError
+
+    def save_checkpoint_async(self, directory: str, common_state: dict):
+        """Start what :meth:`save_checkpoint` does and return once the state to write is taken
+        (``trainer.async_save``): training may change the model from then on (collective).
+
+        Returns:
+            An :class:`~loong_core.checkpoint.async_save.AsyncWrite`. This default writes
+            synchronously; engines with a background writer override it.
+        """
+        from loong_core.checkpoint.async_save import WrittenAlready
+
+        return WrittenAlready(self.save_checkpoint(directory, common_state))
 
     def load_checkpoint(self, directory: str) -> dict:
         """Restore what :meth:`save_checkpoint` wrote; returns its ``common_state``."""

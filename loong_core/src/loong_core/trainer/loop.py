@@ -12,11 +12,13 @@ import numpy as np
 import torch
 
 from loong_core.checkpoint import store
-from loong_core.errors import CheckpointError
+from loong_core.checkpoint.async_save import AsyncCheckpointer
+from loong_core.errors import CheckpointError, CheckpointSaveError, TrainingError
 from loong_core.trainer.metrics import MetricsWriter
 from loong_core.trainer.nonfinite import NonFiniteGuard
 from loong_core.trainer.preemption import SignalStop
 from loong_core.trainer.progress import Progress
+from loong_core.trainer.straggler import StragglerMonitor
 from loong_core.trainer.throughput import Throughput
 
 logger = logging.getLogger(__name__)
@@ -47,15 +49,26 @@ class Trainer:
         self.checkpoint_root = run.run_dir / "checkpoints"
         self.is_logger = run.layout.is_logging_rank
         self.metrics = MetricsWriter(run.run_dir, self.cfg.tensorboard) if self.is_logger else None
-        self._last_saved = -1
+        self._last_saved = -1  # the newest step saved, or being saved (trainer.async_save)
+        self._committed = -1  # the newest step whose checkpoint is complete
+        # Seconds the loop was blocked by the checkpoint being saved, and by the last one completed
+        # (for an asynchronous one: taking the snapshot, the checks at later steps, the commit).
+        self._stall = self.last_save_stall = 0.0
+        self._progress: Progress | None = None  # where saves are noted, during fit()
+        self.async_saves = AsyncCheckpointer(self.checkpoint_root, device.torch_device) if self.cfg.async_save else None
         # Steps whose update the optimizer skipped (an fp16 overflow, or a non-finite loss when the
         # run continues past it); saved with checkpoints so a resumed run keeps counting.
         self.skipped_steps = 0
+        self.save_failures = 0  # checkpoints the storage refused (a full disk): logged, run goes on
         self.nonfinite = NonFiniteGuard(self.cfg.exit_on_nan)
         self.last_eval_metrics: dict[str, float] = {}
         peak = device.peak_flops(engine.compute_dtype)
         self._peak = peak * run.world_size if peak else None  # None: unknown peak, no MFU
         self.throughput = Throughput(unit, flops_per_token, self._peak)
+        self.straggler = None
+        if run.world_size > 1 and self.cfg.straggler_factor > 0:
+            self.straggler = StragglerMonitor(getattr(engine, "model", None), device, self.cfg.straggler_factor,
+                                              run.config.parallel.pipeline_model_parallel_size)
 
     # -- state ---------------------------------------------------------------------------------
     def _rng_state(self) -> dict:
@@ -101,7 +114,7 @@ class Trainer:
                            "is reseeded instead of restored", path)
         self.skipped_steps = int(common.get("skipped_steps", 0))
         logger.info("resumed from %s at iteration %d", path, record["iteration"])
-        self._last_saved = int(record["iteration"])
+        self._last_saved = self._committed = int(record["iteration"])
         self.nonfinite.last_good = path
         return int(record["iteration"])
 
@@ -111,21 +124,95 @@ class Trainer:
                 "pp": p.pipeline_model_parallel_size, "vpp": p.virtual_pipeline_model_parallel_size,
                 "ep": p.expert_model_parallel_size}
 
-    def save(self, iteration: int) -> Path:
-        """Write an atomic checkpoint of the state after ``iteration`` steps (finite weights only)."""
+    def save(self, iteration: int, last: bool = False) -> Path | None:
+        """Write an atomic checkpoint of the state after ``iteration`` steps (finite weights only).
+
+        A save the storage refuses (a full disk, a quota) leaves nothing behind and the earlier
+        checkpoints intact (:func:`~loong_core.checkpoint.store.save_collective`); it is logged
+        as an error, counted in the ``checkpoint_save_failures`` metric, and training goes on
+        with its state in memory. ``last``: the run ends after this save (the final one, or on
+        SIGTERM), so the failure is a :class:`TrainingError` instead.
+
+        Returns:
+            The checkpoint, or None when the storage refused it.
+        """
+        if self.async_saves is not None:
+            self.finish_async_save(iteration)  # a second save waits for the first
+        started = time.perf_counter()
         self.nonfinite.check_weights(iteration, self.engine)
         common = {"iteration": iteration, "consumed_samples": iteration * self.cfg.global_batch_size,
                   "skipped_steps": self.skipped_steps}
-        path = store.save_collective(
-            self.checkpoint_root, iteration,
-            lambda directory: self.engine.save_checkpoint(directory, common),
-            record={"layout": self._layout_record(), "name": self.run.config.name},
-            rng_state=self._rng_state(),
-        )
+        record = {"layout": self._layout_record(), "name": self.run.config.name}
+        if self.async_saves is not None and not last:  # the last one is written synchronously
+            self._last_saved = iteration
+            try:
+                self.async_saves.start(iteration, lambda d: self.engine.save_checkpoint_async(d, common),
+                                       record, self._rng_state())
+            except CheckpointSaveError as exc:
+                self._refused(exc, iteration, last)
+            self._stall = time.perf_counter() - started
+            return None
         self._last_saved = iteration
+        try:
+            path = store.save_collective(
+                self.checkpoint_root, iteration,
+                lambda directory: self.engine.save_checkpoint(directory, common),
+                record=record, rng_state=self._rng_state(),
+            )
+        except CheckpointSaveError as exc:
+            self._refused(exc, iteration, last)
+            return None
+        self._stall = time.perf_counter() - started
+        self._saved(iteration, path)
+        return path
+
+    def finish_async_save(self, iteration: int, wait: bool = True) -> Path | None:
+        """Commit the asynchronous checkpoint in flight (``trainer.async_save``; collective).
+
+        Args:
+            iteration: The step the loop is at (for messages).
+            wait: Block until it is written; False: commit only if every rank has finished
+                writing (the check at the start of a step).
+
+        Returns:
+            The committed checkpoint, or None (nothing in flight, still writing, or refused).
+        """
+        if self.async_saves is None or self.async_saves.in_flight is None:
+            return None
+        saving, started = self.async_saves.in_flight, time.perf_counter()
+        try:
+            path = self.async_saves.wait() if wait else self.async_saves.poll()
+        except CheckpointSaveError as exc:
+            self._refused(exc, iteration, last=False)
+            return None
+        finally:
+            self._stall += time.perf_counter() - started
+        if path is not None:
+            self._saved(saving, path)
+        return path
+
+    def _saved(self, iteration: int, path: Path) -> None:
+        self.last_save_stall, self._stall = self._stall, 0.0
+        self._committed = iteration
         self.nonfinite.last_good = path
         self.hooks.loong_on_checkpoint_saved(run=self.run, step=iteration, path=str(path))
-        return path
+        if self._progress is not None:
+            self._progress.note(f"saved checkpoint {path} (training blocked {self.last_save_stall:.2f} s)")
+
+    def _refused(self, exc: CheckpointSaveError, iteration: int, last: bool) -> None:
+        """A save the storage refused: the run stops (``last``) or logs it and goes on."""
+        self.save_failures += 1
+        self._last_saved = self._committed
+        if last:
+            raise TrainingError(f"{exc} The run stopped without its last checkpoint; trainer.resume=auto "
+                                "continues from the newest complete one.") from None
+        if self.is_logger:
+            logger.error("%s Training continues%s.", exc, self._next_save_note(iteration))
+
+    def _next_save_note(self, iteration: int) -> str:
+        interval = self.cfg.save_interval
+        nxt = (iteration // interval + 1) * interval if interval else self.cfg.train_iters
+        return f"; the next save is at step {min(nxt, self.cfg.train_iters)}" if nxt > iteration else ""
 
     # -- loop ----------------------------------------------------------------------------------
     def evaluate(self, step: int) -> float:
@@ -160,6 +247,7 @@ class Trainer:
         self.run.iteration = start_iteration
         progress = Progress(cfg.train_iters, start_iteration, self.is_logger, cfg.progress_bar,
                             unit=self.throughput.unit, show_mfu=self.throughput.reports_mfu)
+        self._progress = progress
         if self.metrics is not None:
             self.metrics.start(start_iteration)
         self.hooks.loong_on_train_start(run=self.run)
@@ -171,7 +259,13 @@ class Trainer:
                 progress.note(f"step 0: validation loss {self.evaluate(0):.4f}{self._extra_note()}")
             for iteration in range(start_iteration, cfg.train_iters):
                 step = iteration + 1
+                log_now = step % cfg.log_interval == 0 or step == cfg.train_iters
+                self.finish_async_save(iteration, wait=False)
+                if self.straggler is not None:
+                    self.straggler.start(measure=log_now)
                 micro_batches = self.train_loader.micro_batches(iteration)
+                if self.straggler is not None:
+                    self.straggler.batch_loaded()
                 self.device.synchronize()
                 started = time.perf_counter()
                 result = self.engine.train_step(micro_batches)
@@ -186,12 +280,14 @@ class Trainer:
                     "loss": result.loss, "lr": result.lr, "grad_norm": result.grad_norm,
                     **self.throughput.averages(), "step_time": elapsed,
                     "skipped_steps": self.skipped_steps,
+                    **({"checkpoint_save_failures": self.save_failures} if self.save_failures else {}),
                     **(result.extra or {}), **self.device.memory_stats(),
                 }
                 stats = getattr(self.train_loader, "last_balance_stats", None)
                 if stats is not None:
                     metrics.update(stats.metrics())
-                log_now = step % cfg.log_interval == 0 or step == cfg.train_iters
+                if self.straggler is not None and log_now:
+                    metrics.update(self.straggler.report(step))
                 progress.update(step, metrics, log_line=log_now)
                 if log_now:
                     if self.metrics is not None:
@@ -203,10 +299,10 @@ class Trainer:
                     metrics["valid_loss"] = valid
                     progress.note(f"step {step}: validation loss {valid:.4f}{self._extra_note()}")
                 if cfg.save_interval and step % cfg.save_interval == 0 and step != cfg.train_iters:
-                    path = self.save(step)
-                    progress.note(f"saved checkpoint {path}")
+                    self.save(step)
                 if signals.requested(self.device):  # trainer.save_on_signal: every rank, same step
-                    path = self.save(step) if self._last_saved != step else None
+                    path = self.finish_async_save(step)
+                    path = self.save(step, last=True) if self._last_saved != step else path
                     progress.note(f"SIGTERM: stopped after step {step}"
                                   + (f", saved checkpoint {path}" if path else "")
                                   + "; continue with trainer.resume=auto")
@@ -215,13 +311,16 @@ class Trainer:
             if stopped is None and self.valid_loader is not None and cfg.eval_interval and "valid_loss" not in metrics:
                 metrics["valid_loss"] = self.evaluate(cfg.train_iters)
                 progress.note(f"final validation loss {metrics['valid_loss']:.4f}{self._extra_note()}")
+            self.finish_async_save(cfg.train_iters)  # the checkpoint in flight is complete before the end
             if stopped is None and (cfg.save_at_end or cfg.save_interval):
                 if self._last_saved != cfg.train_iters:
-                    path = self.save(cfg.train_iters)
-                    progress.note(f"saved checkpoint {path}")
+                    self.save(cfg.train_iters, last=True)
         finally:
+            if self.async_saves is not None:
+                self.async_saves.abort()  # only when failing: no commit, its writers ended
             signals.uninstall()
             progress.close()
+            self._progress = None
             if self.metrics is not None:
                 self.metrics.close()
         self.hooks.loong_on_train_end(run=self.run, metrics=metrics)

@@ -63,34 +63,33 @@ def _sharded_state(engine, is_loading: bool) -> dict:
     return state
 
 
-def _results_in_process() -> None:
-    """Hand megatron-core's file-writer results over inside this process.
-
-    The writer's forked workers report to the saving process through a queue of their own; that
-    process then puts the gathered results into a module-level queue and takes them out again
-    when it finalises the save. Unless one is set, megatron-core makes that queue a
-    ``multiprocessing`` manager: a spawned process, which imports torch to unpickle the results
-    (about 2 s of every first save on 2 cores, per rank), and which a SIGTERM to the process group
-    would kill before ``trainer.save_on_signal`` can write. loong saves synchronously, so the
-    queue is filled and emptied by one process and a thread queue is all it needs.
-    """
-    import queue
-
-    from megatron.core.dist_checkpointing.strategies import filesystem_async
-
-    if filesystem_async._results_queue is None:
-        filesystem_async._results_queue = queue.Queue()
+def _full_state(engine, common_state: dict) -> dict:
+    state = _sharded_state(engine, is_loading=False)
+    state["scheduler"] = engine.scheduler.state_dict()
+    state["loong"] = common_state
+    return state
 
 
 def save(engine, directory: str, common_state: dict) -> None:
     """Collective save into an existing empty ``directory``."""
     from megatron.core import dist_checkpointing
 
-    _results_in_process()
-    state = _sharded_state(engine, is_loading=False)
-    state["scheduler"] = engine.scheduler.state_dict()
-    state["loong"] = common_state
-    dist_checkpointing.save(state, directory)
+    from loong_core.engines.megatron.async_checkpoint import install_results_queue
+
+    install_results_queue(asynchronous=False)
+    dist_checkpointing.save(_full_state(engine, common_state), directory)
+
+
+def save_async(engine, directory: str, common_state: dict):
+    """Start a collective save into an existing empty ``directory``; returns once a forked writer
+    holds the state (:mod:`~loong_core.engines.megatron.async_checkpoint`)."""
+    from megatron.core import dist_checkpointing
+
+    from loong_core.engines.megatron.async_checkpoint import McoreAsyncWrite, install_results_queue
+
+    install_results_queue(asynchronous=True)
+    request = dist_checkpointing.save(_full_state(engine, common_state), directory, async_sharded_save=True)
+    return McoreAsyncWrite(request)
 
 
 def _restore_zero_step(state) -> None:

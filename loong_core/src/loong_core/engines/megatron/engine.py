@@ -226,6 +226,9 @@ class MegatronEngine(Engine):
     def save_checkpoint(self, directory: str, common_state: dict) -> None:
         checkpointing.save(self, directory, common_state)
 
+    def save_checkpoint_async(self, directory: str, common_state: dict):
+        return checkpointing.save_async(self, directory, common_state)
+
     def load_checkpoint(self, directory: str) -> dict:
         return checkpointing.load(self, directory)
 

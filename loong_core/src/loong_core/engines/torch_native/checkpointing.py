@@ -28,6 +28,72 @@ def save(engine, directory: str) -> None:
     dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=directory)
 
 
+_SAVE_GROUP = None
+
+
+def _save_group():
+    """A gloo process group of all ranks for the background save's own collectives (created on
+    first use, collectively), so they never interleave with the training loop's on the default
+    group."""
+    global _SAVE_GROUP
+    if _SAVE_GROUP is None and torch.distributed.is_initialized():
+        _SAVE_GROUP = torch.distributed.new_group(backend="gloo")
+    return _SAVE_GROUP
+
+
+class DcpAsyncWrite:
+    """A ``torch.distributed.checkpoint.async_save`` in flight (an
+    :class:`~loong_core.checkpoint.async_save.AsyncWrite`).
+
+    Args:
+        future: The future ``async_save`` returned (its thread plans, writes and finishes the save,
+            the metadata included).
+    """
+
+    def __init__(self, future):
+        self.future = future
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def finish(self) -> None:
+        self.future.result()
+
+    def abort(self) -> None:
+        """Wait for the thread (a running write cannot be stopped), so that the partial folder is
+        removed after its last file; its error, if any, is the one already being handled."""
+        import concurrent.futures
+
+        if not self.future.cancel():
+            concurrent.futures.wait([self.future])
+
+
+def _stager(engine):
+    """The engine's staging buffers, kept from one save to the next: the second and later saves
+    copy into the host memory of the first instead of allocating (and faulting in) a new copy.
+    Reusing them is safe because a save starts only after the previous one was written."""
+    stager = getattr(engine, "_checkpoint_stager", None)
+    if stager is None:
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        stager = DefaultStager(StagingOptions(use_pinned_memory=torch.cuda.is_available(), use_shared_memory=False,
+                                              use_async_staging=False, use_non_blocking_copy=False))
+        engine._checkpoint_stager = stager
+    return stager
+
+
+def save_async(engine, directory: str) -> DcpAsyncWrite:
+    """Start a collective save of model and optimizer shards into the existing ``directory``;
+    returns once the state is copied (staged) to host memory, and a thread writes it."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optim_state = get_state_dict(engine.model, engine.optimizer)
+    future = dcp.async_save({"model": model_state, "optimizer": optim_state}, checkpoint_id=directory,
+                            process_group=_save_group(), async_stager=_stager(engine))
+    return DcpAsyncWrite(future)
+
+
 def save_common(directory: str, scheduler, common_state: dict) -> None:
     """Rank 0 writes the schedule and the trainer's common state."""
     if _rank() == 0:
