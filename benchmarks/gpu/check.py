@@ -2,6 +2,7 @@
 
     python benchmarks/gpu/check.py correctness     # every kernel vs its torch reference, bf16 + fp32
     python benchmarks/gpu/check.py bandwidth       # GB/s per kernel against a device-to-device copy
+    python benchmarks/gpu/check.py fp8             # Linear-heavy MLP: bf16 vs FP8 tensorwise / rowwise
     python benchmarks/gpu/check.py llama           # ~100M Llama, 20 steps, kernels=torch vs triton
     python benchmarks/gpu/check.py all --dry-run   # tiny shapes on CPU (Triton's interpreter)
 
@@ -254,6 +255,62 @@ def bandwidth(reps: int = 20) -> None:
     print(_table(["kernel", "impl", "fwd ms", "fwd GB/s", "fwd % copy", "bwd ms", "bwd GB/s", "bwd % copy"], table))
 
 
+def _fp8_mlp(dim: int, hidden: int, layers: int) -> torch.nn.Module:
+    """A Linear-heavy stack: ``layers`` x (Linear dim->hidden, GELU, Linear hidden->dim), bf16."""
+    mods = []
+    for _ in range(layers):
+        mods += [torch.nn.Linear(dim, hidden, bias=False), torch.nn.GELU(), torch.nn.Linear(hidden, dim, bias=False)]
+    return torch.nn.Sequential(*mods).to(DEVICE, torch.bfloat16)
+
+
+def fp8(reps: int = 20) -> bool:
+    """Forward + backward ms of a Linear-heavy MLP in bf16, FP8 tensorwise and FP8 rowwise (torchao
+    float8 as ``parallel.fp8_format`` uses it, each under ``torch.compile`` on the GPU; emulated and
+    eager in a dry run), with TFLOP/s, the speed-up over bf16 and the output's distance to bf16."""
+    import dataclasses
+    import logging
+
+    logging.getLogger("torchao").setLevel(logging.ERROR)  # its CUDA extensions' load messages
+    try:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    except ImportError:
+        print("\nfp8: torchao is not installed (pip install torchao==0.18.0): FP8 rows skipped")
+        return False
+    tokens, dim, hidden, layers = (16384, 4096, 16384, 4) if not DRY else (32, 64, 128, 2)
+    flops = 6 * tokens * 2 * dim * hidden * layers  # forward (2) + backward (4) FLOPs per MAC
+    torch.manual_seed(0)
+    reference = _fp8_mlp(dim, hidden, layers)
+    x = torch.randn(tokens, dim, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
+    table, base_ms, base_out = [], None, None
+    for name in ("bf16", "tensorwise", "rowwise"):
+        model = _fp8_mlp(dim, hidden, layers)
+        model.load_state_dict(reference.state_dict())
+        if name != "bf16":
+            config = dataclasses.replace(Float8LinearConfig.from_recipe_name(name), emulate=DRY)
+            convert_to_float8_training(model, config=config)
+        step = model if DRY else torch.compile(model)
+
+        def run():
+            step(x).sum().backward()  # noqa: B023
+
+        for _ in range(2):  # compile and warm up
+            run()
+        ms = _ms(run, reps)
+        with torch.no_grad():
+            out = step(x).float()
+        if base_out is None:
+            base_ms, base_out = ms, out
+        diff = ((out - base_out).norm() / base_out.norm()).item()
+        table.append([name if name == "bf16" else f"fp8 {name}", f"{ms:.2f}", f"{flops / ms / 1e9:.0f}",
+                      f"{base_ms / ms:.2f}x", f"{diff:.1e}"])
+        step = model = None
+    print(f"\nfp8 training speed: {layers} x (Linear {dim}->{hidden}, GELU, Linear {hidden}->{dim}), "
+          f"{tokens} tokens, forward + backward, torchao float8"
+          + (" (dry run: emulated, eager; numbers meaningless)" if DRY else ", torch.compile"))
+    print(_table(["precision", "ms", "TFLOP/s", "vs bf16", "output vs bf16"], table))
+    return True
+
+
 LLAMA_100M = ["experiment=llama_debug", "model.num_layers=12", "model.hidden_size=768",
               "model.num_attention_heads=12", "model.num_query_groups=4", "model.ffn_hidden_size=2048",
               "model.max_position_embeddings=1024", "data.vocab_size=8192", "data.seq_length=1024",
@@ -296,7 +353,7 @@ def llama(root: Path) -> bool:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("part", choices=["correctness", "bandwidth", "llama", "all"])
+    parser.add_argument("part", choices=["correctness", "bandwidth", "fp8", "llama", "all"])
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes on CPU in Triton's interpreter")
     parser.add_argument("--reps", type=int, default=20)
     args = parser.parse_args()
@@ -308,6 +365,8 @@ def main() -> int:
         ok &= correctness()
     if args.part in ("bandwidth", "all"):
         bandwidth(3 if DRY else args.reps)
+    if args.part in ("fp8", "all"):
+        ok &= fp8(3 if DRY else args.reps)
     if args.part in ("llama", "all"):
         with tempfile.TemporaryDirectory() as root:
             ok &= llama(Path(root))

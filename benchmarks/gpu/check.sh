@@ -8,6 +8,10 @@
 #   3. tokens/s of a ~100M-parameter Llama (12 x 768, vocab 8192, seq 1024, bf16) for 20 steps with
 #      every op on kernels=torch, then on kernels=triton.
 #
+#   4. FP8 training speed: forward + backward of a Linear-heavy MLP (4 x 4096 -> 16384 -> 4096,
+#      16384 tokens) in bf16, FP8 tensorwise and FP8 rowwise (torchao float8, torch.compile), the
+#      rows parallel.fp8_format / fp8_recipe give on the torch engine (torchao travels as a wheel).
+#
 #   bash benchmarks/gpu/check.sh                 # on the GPU machine, from the repository root
 #   bash benchmarks/gpu/check.sh --dry-run       # anywhere: tiny shapes on CPU in Triton's interpreter
 #   bash benchmarks/gpu/check.sh --build-wheels  # on a machine with PyPI: fill benchmarks/gpu/wheels/
@@ -48,6 +52,7 @@ DEPS=(
   "setuptools setuptools>=64"
   "fla fla-core==0.6.0"
   "einops einops"
+  "torchao torchao==0.18.0"
 )
 
 build_wheels() {
@@ -147,4 +152,14 @@ else
   echo "megatron-core / hydra missing and no $WHEELS: run '$0 --build-wheels' where PyPI is reachable and carry it"
   status=1
 fi
+
+echo "== 4. FP8 training speed (bf16 vs FP8 tensorwise vs rowwise, torchao float8)"
+if "$PY" -c "import torchao" 2>/dev/null; then
+  PYTHONPATH="$ROOT/loong_core/src:$ROOT/loong_kernels/src${PYTHONPATH:+:$PYTHONPATH}" \
+    timeout 180 "$PY" benchmarks/gpu/check.py fp8 || status=1
+else
+  echo "torchao missing: carry $WHEELS (built with --build-wheels) for the FP8 rows"
+  status=1
+fi
+
 exit $status

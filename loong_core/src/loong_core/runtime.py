@@ -240,7 +240,7 @@ def _train(overrides: list[str]) -> dict:
     num_params = engine.num_parameters()
     seq_length = cfg.data.seq_length
     if rank == 0:
-        logger.info("%s", banner(cfg, device, layout, num_params, system, run_dir))
+        logger.info("%s", banner(cfg, device, layout, num_params, system, run_dir, engine.banner_lines()))
     trainer = Trainer(run, engine, loader(train_set), loader(valid_set) if eval_samples else None,
                       system.hook, device, provider.flops_per_token(seq_length),
                       unit=provider.throughput_unit)

@@ -118,6 +118,12 @@ class DeviceBackend:
         then trains in bf16)."""
         return False
 
+    @property
+    def fast_fp8(self) -> bool:
+        """Whether this device has hardware FP8 matmuls (``torch._scaled_mm``); FP8 training
+        (``parallel.fp8_format``) emulates them in high precision where it has not."""
+        return False
+
     def manual_seed(self, seed: int) -> None:
         """Seed host and device generators."""
         import torch

@@ -51,6 +51,13 @@ class CUDABackend(DeviceBackend):
 
         return torch.cuda.is_bf16_supported()
 
+    @property
+    def fast_fp8(self) -> bool:
+        """FP8 tensor cores: compute capability 8.9 (Ada) or newer (Hopper, Blackwell)."""
+        import torch
+
+        return torch.cuda.get_device_capability(self.torch_device) >= (8, 9)
+
     def manual_seed(self, seed: int) -> None:
         import torch
 

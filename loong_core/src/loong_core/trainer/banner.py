@@ -75,8 +75,9 @@ def kernels_line() -> str:
     return "kernels: " + " ".join(f"{op}={b}" for op, b in kernels.resolved().items())
 
 
-def banner(cfg, device, layout, num_params: int, system, run_dir) -> str:
-    """Multi-line description of the run."""
+def banner(cfg, device, layout, num_params: int, system, run_dir,
+           engine_lines: list[str] = ()) -> str:
+    """Multi-line description of the run (``engine_lines``: :meth:`Engine.banner_lines`)."""
     p, t = cfg.parallel, cfg.trainer
     plugins = ", ".join(f"{i.name} {i.version}" + (" (FAILED)" if i.error else "") for i in system.infos)
     grad_accum = t.global_batch_size // (t.micro_batch_size * layout.data_parallel_size)
@@ -90,6 +91,7 @@ def banner(cfg, device, layout, num_params: int, system, run_dir) -> str:
         _parallel_line(p, layout),
         kernels_line(),
         _precision_line(cfg, device),
+        *engine_lines,
         _optimizer_line(cfg, device),
         _peak_line(cfg, device),
         f"batch: global {t.global_batch_size} = micro {t.micro_batch_size} x grad-accum "

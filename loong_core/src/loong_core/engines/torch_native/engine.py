@@ -79,6 +79,12 @@ class TorchEngine(Engine):
         if p.ulysses_size > 1:
             self.provider.enable_ulysses(module)
         blocks = list(self.provider.torch_blocks(module))
+        self.fp8_plan = None
+        if p.fp8_format is not None:
+            from loong_core.engines.torch_native import fp8
+
+            self.fp8_plan = fp8.plan(module, blocks, p)
+            fp8.convert(module, self.fp8_plan, p, self.device)
         self.model = parallelize.wrap(module, blocks, p, self.device, self.layout.world_size, self.dtype,
                                       getattr(self.provider, "torch_unused_parameters", False))
         self.optimizer = optim.build_optimizer(self.config, self.model, self.device.fused_optimizers)
@@ -92,6 +98,14 @@ class TorchEngine(Engine):
     @property
     def compute_dtype(self):
         return self.dtype
+
+    def banner_lines(self) -> list[str]:
+        """The FP8 recipe and which Linear layers run in FP8 (``parallel.fp8_format``)."""
+        if self.fp8_plan is None:
+            return []
+        from loong_core.engines.torch_native import fp8
+
+        return [fp8.describe_run(self.config.parallel, self.device), self.fp8_plan.describe()]
 
     def num_parameters(self) -> int:
         return int(sum(param.numel() for param in self.model.parameters()))  # DTensor: global size
@@ -179,6 +193,11 @@ class TorchEngine(Engine):
     def save_checkpoint(self, directory: str, common_state: dict) -> None:
         checkpointing.save(self, directory)
         checkpointing.save_common(directory, self.scheduler, common_state)
+
+    def save_checkpoint_async(self, directory: str, common_state: dict):
+        write = checkpointing.save_async(self, directory)
+        checkpointing.save_common(directory, self.scheduler, common_state)
+        return write
 
     def load_checkpoint(self, directory: str) -> dict:
         return checkpointing.load(self, directory)
