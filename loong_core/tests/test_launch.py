@@ -80,3 +80,25 @@ def test_unreachable_rendezvous_is_one_error_naming_the_endpoint(monkeypatch):
                                             r"\(RendezvousConnectionError: The connection"):
         _run_torchrun(options, [])
     assert "--rdzv-conf=join_timeout=120" in seen
+
+
+def test_a_collective_that_lost_its_peer_is_one_line_naming_the_peer_and_this_node(monkeypatch):
+    from loong_core.lost_peer import lost_peer_message
+
+    monkeypatch.setenv("GROUP_RANK", "1")
+    monkeypatch.setenv("RANK", "3")
+    gloo = RuntimeError("[../gloo/transport/tcp/pair.cc:537] Read error [10.0.0.7]:34950: Connection reset by peer")
+    message = lost_peer_message(gloo)
+    assert message.startswith("lost contact with the rank at 10.0.0.7:34950 in a collective")
+    assert "node 1 (" in message and "rank 3 stops too" in message
+    assert lost_peer_message(RuntimeError("shape mismatch")) is None
+    assert lost_peer_message(ValueError("Connection reset by peer")) is None
+
+
+def test_elastic_last_call_wait_comes_from_the_environment(monkeypatch):
+    options = LaunchOptions(nnodes="1:2", rdzv_endpoint="head:29400")
+    monkeypatch.setenv("LOONG_INIT_TIMEOUT", "60")
+    monkeypatch.delenv("LOONG_RDZV_LAST_CALL", raising=False)
+    assert "--rdzv-conf=join_timeout=60" in torchrun_args(options, [])
+    monkeypatch.setenv("LOONG_RDZV_LAST_CALL", "2")
+    assert "--rdzv-conf=join_timeout=60,last_call_timeout=2" in torchrun_args(options, [])

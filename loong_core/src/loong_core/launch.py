@@ -65,9 +65,13 @@ def torchrun_args(options: LaunchOptions, overrides: list[str]) -> list[str]:
     if options.rdzv_endpoint:
         # every node must join within $LOONG_INIT_TIMEOUT seconds (torch's default: 10 minutes)
         join = int(float(os.environ.get("LOONG_INIT_TIMEOUT", "300")))
+        conf = f"join_timeout={join}"
+        # elastic MIN:MAX: once MIN nodes are there, wait this long for more (torch's default: 30 s)
+        if os.environ.get("LOONG_RDZV_LAST_CALL"):
+            conf += f",last_call_timeout={int(float(os.environ['LOONG_RDZV_LAST_CALL']))}"
         args += [f"--rdzv-backend={options.rdzv_backend}", f"--rdzv-endpoint={options.rdzv_endpoint}",
                  f"--rdzv-id={options.rdzv_id}", f"--node-rank={options.node_rank}",
-                 f"--rdzv-conf=join_timeout={join}"]
+                 f"--rdzv-conf={conf}"]
     else:
         port = options.master_port or free_port()
         args += ["--master-addr=127.0.0.1", f"--master-port={port}", f"--node-rank={options.node_rank}"]
@@ -105,12 +109,28 @@ def _run_torchrun(options: LaunchOptions, overrides: list[str]) -> None:
 
         if isinstance(exc, RendezvousError) or type(exc).__name__ in ("DistNetworkError", "DistStoreError"):
             where = options.rdzv_endpoint or "this machine"
+            if _lost_after_joining(exc):
+                raise TrainingError(
+                    f"lost the rendezvous at {where} during the run: the node that hosts it (the "
+                    "first 'loong train' started at that endpoint) died, was killed, or the network "
+                    f"to it failed; this node (--node-rank {options.node_rank}, "
+                    f"{socket.gethostname()}) stops too. Relaunch every node with "
+                    "trainer.resume=auto to continue from the newest complete checkpoint.") from None
             raise TrainingError(
                 f"could not join the rendezvous at {where} ({type(exc).__name__}: "
                 f"{str(exc).splitlines()[0] if str(exc) else 'no detail'}). Check that node 0 is "
                 "started with the same --rdzv-endpoint and --rdzv-id, that the address is "
                 "reachable from this machine (firewall, port), and that --nnodes matches.") from None
         raise
+
+
+def _lost_after_joining(exc: BaseException) -> bool:
+    """Whether torchrun's agent raised ``exc`` while monitoring running workers (the rendezvous
+    was reached, then lost), not while joining it."""
+    import traceback
+
+    frames = {frame.name for frame in traceback.extract_tb(exc.__traceback__)}
+    return "_invoke_run" in frames and "_initialize_workers" not in frames
 
 
 def _launch_with_restarts(options: LaunchOptions, overrides: list[str], cfg) -> None:

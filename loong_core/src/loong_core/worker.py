@@ -27,6 +27,14 @@ def main() -> int:
     except LoongError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except RuntimeError as exc:
+        from loong_core.lost_peer import lost_peer_message
+
+        message = lost_peer_message(exc)
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
+        return 3
     return 0
 
 

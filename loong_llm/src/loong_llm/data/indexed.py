@@ -15,7 +15,8 @@ import math
 import os
 import re
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
@@ -150,11 +151,24 @@ class EpochDataset:
         return self.epochs[epoch][j]
 
 
-def _builds_first() -> bool:
-    """True on the process that builds megatron-core's index cache before the others."""
+@contextmanager
+def _as_index_cache_writer() -> Iterator[None]:
+    """Let megatron-core build and save the index cache in this process (a node's first process).
+
+    ``GPTDataset`` writes its cache only where ``torch.distributed.get_rank() == 0`` and loads it
+    everywhere else, which assumes one cache every node sees. On a node-local disk the first
+    process of each node must write its own copy, so for the duration of the build that process
+    reads as rank 0 (nothing else runs collectives meanwhile: the build is local). The index is a
+    pure function of the dataset, the seed and the sample count, so every node's copy is the same.
+    """
     import torch.distributed as dist
 
-    return not dist.is_initialized() or dist.get_rank() == 0
+    get_rank = dist.get_rank
+    dist.get_rank = lambda group=None: 0
+    try:
+        yield
+    finally:
+        dist.get_rank = get_rank
 
 
 def _drop_broken_index_cache(path_to_cache: Path) -> None:
@@ -185,7 +199,8 @@ def build_gpt_epochs(
     Items are ``tokens``/``labels``/``position_ids`` (int64 ``[seq_length]``, labels are tokens
     shifted by one) and ``loss_mask`` (float32). Distributed: call on every rank; each epoch is
     built on global rank 0 first, then (after a barrier) loaded from ``path_to_cache`` by the
-    others, as megatron-core's ``BlendedMegatronDatasetBuilder`` does. Without a process group
+    others, as megatron-core's ``BlendedMegatronDatasetBuilder`` does (node-local caches: see
+    ``shared_cache``). Without a process group
     the index is built (or loaded from ``path_to_cache``) in this process.
 
     Args:
@@ -198,9 +213,9 @@ def build_gpt_epochs(
         path_to_cache: Folder of megatron-core's cached sample/shuffle indices. Its cache keys
             do not cover ``documents``: use one folder per document selection.
         documents: Indices of the documents to use (int32); None uses all of them.
-        shared_cache: ``path_to_cache`` is on a filesystem all nodes see. When false, global
-            rank 0 sends the index files it built to the first process of every other node, which
-            writes them to its own disk before its node loads them.
+        shared_cache: ``path_to_cache`` is on a filesystem all nodes see. When false (a
+            node-local disk), the first process of every other node builds its node's copy after
+            global rank 0 built its own, and the node's other processes load it.
 
     Returns:
         At least ``num_samples`` samples (whole epochs).
@@ -224,9 +239,6 @@ def build_gpt_epochs(
             f"({num_tokens} tokens); lower it or hold out more documents (data.valid_fraction)."
         )
     num_epochs = max(1, math.ceil(num_samples / epoch_length))
-    if _builds_first():
-        Path(path_to_cache).mkdir(parents=True, exist_ok=True)
-        _drop_broken_index_cache(Path(path_to_cache))
     blend: list = [None, None, None]
     blend[index_split.value] = ([prefix], None)
 
@@ -254,16 +266,26 @@ def build_gpt_epochs(
     def build_all() -> list:
         return [build_epoch(epoch) for epoch in range(num_epochs)]
 
+    def build_and_cache() -> list:
+        Path(path_to_cache).mkdir(parents=True, exist_ok=True)
+        _drop_broken_index_cache(Path(path_to_cache))
+        return build_all()
+
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        epochs = build_all()
+        epochs = build_and_cache()
     else:
         # Global rank 0 builds (and caches) first; the others load its cache after a barrier.
-        epochs = build_all() if _builds_first() else None
+        # Node-local caches: then each other node's first process builds its own copy (a cache
+        # hit where the disk is shared after all), and its node loads that after a second barrier.
+        epochs = build_and_cache() if dist.get_rank() == 0 else None
         dist.barrier()
         if not shared_cache:
-            _copy_index_cache_to_nodes(Path(path_to_cache))
+            if epochs is None and int(os.environ.get("LOCAL_RANK", "0")) == 0:
+                with _as_index_cache_writer():
+                    epochs = build_and_cache()
+            dist.barrier()
         if epochs is None:
             epochs = build_all()
     logger.info(
@@ -276,23 +298,3 @@ def build_gpt_epochs(
     )
     return EpochDataset(epochs, epoch_length)
 
-
-def _copy_index_cache_to_nodes(path_to_cache: Path) -> None:
-    """Collective: global rank 0's cached index files are written by the first process of every
-    node (files it already has are kept); returns after every node has them."""
-    import torch.distributed as dist
-
-    files = None
-    if dist.get_rank() == 0:
-        files = {p.name: p.read_bytes() for p in sorted(path_to_cache.iterdir()) if p.is_file()}
-    payload = [files]
-    dist.broadcast_object_list(payload, src=0)
-    if dist.get_rank() != 0 and int(os.environ.get("LOCAL_RANK", 0)) == 0:
-        path_to_cache.mkdir(parents=True, exist_ok=True)
-        for name, data in payload[0].items():
-            target = path_to_cache / name
-            if not target.exists():
-                tmp = target.with_name(f".{name}.{uuid.uuid4().hex}.tmp")
-                tmp.write_bytes(data)
-                os.replace(tmp, target)
-    dist.barrier()

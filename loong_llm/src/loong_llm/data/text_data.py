@@ -198,9 +198,10 @@ class TextDataModule:
     ) -> tuple[EpochDataset, EpochDataset]:
         """Return ``(train, valid)`` datasets of at least that many samples.
 
-        Call on every rank: each epoch's index is built on global rank 0 first, the other ranks
-        wait at a barrier and then read the same cached index, so all ranks see the same
-        samples. See :func:`~loong_llm.data.indexed.build_gpt_epochs` for the items and
+        Call on every rank: each epoch's index is built on global rank 0 first (with
+        ``data.shared_cache=false`` then by the first process of every other node, in its own
+        cache), the other ranks wait at a barrier and then read the cached index, so all ranks
+        see the same samples. See :func:`~loong_llm.data.indexed.build_gpt_epochs` for the items and
         :class:`~loong_llm.data.indexed.EpochDataset` for why
         item ``i`` depends only on ``(config, seed, i)``.
         """
