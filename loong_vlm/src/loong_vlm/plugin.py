@@ -53,6 +53,18 @@ def loong_register_models(register):
     register("qwen3_vit", "loong_vlm.encoders.qwen3_vit:Qwen3ViTEncoder",
              config="loong_vlm.qwen3_vl.config:Qwen3ViTConfig", role="encoder",
              description="Qwen3-VL ViT: dynamic resolution, resampled learned positions, 2D RoPE, deepstack mergers")
+    register("ernie4_5_vl", "loong_vlm.ernie4_5_vl.provider:Ernie45VLProvider",
+             config="loong_vlm.ernie4_5_vl.config:Ernie45VLConfig", engines=("megatron",), role="composer",
+             description="ERNIE-4.5-VL: ernie_vit + ernie_resampler + modality-isolated MoE decoder (HF interop)")
+    register("ernie_vit", "loong_vlm.encoders.ernie_vit:ErnieViTEncoder",
+             config="loong_vlm.ernie4_5_vl.config:ErnieViTConfig", role="encoder",
+             description="ERNIE-4.5-VL ViT: dynamic resolution, bias-free patch embedding, 2D RoPE, quick_gelu")
+    register("ernie_resampler", "loong_vlm.ernie4_5_vl.resampler:ErnieResampler",
+             config="loong_vlm.ernie4_5_vl.config:ErnieResamplerConfig", role="projector",
+             description="ERNIE-4.5-VL resampler: 2x2 spatial then 2-frame temporal merging MLPs, RMSNorm")
+    register("ernie4_5_vl_text", "loong_vlm.ernie4_5_vl.text:ErnieVLTextProvider",
+             config="loong_vlm.ernie4_5_vl.config:ErnieVLTextConfig", engines=("megatron",),
+             description="ERNIE-4.5-VL decoder: text / vision experts by token modality, shared experts, 3D RoPE")
     register("identity", "loong_vlm.qwen3_vl.model:IdentityProjector",
              config="loong_vlm.qwen3_vl.config:IdentityProjectorConfig", role="projector",
              description="no projection, for encoders that already output the foundation's width (qwen3_vit)")
@@ -68,6 +80,8 @@ def loong_register_checkpoint_adapters(register):
              description="Hugging Face <-> loong for InternVL (vision tower, projector, any text family)")
     register("kimi_k25", "loong_vlm.kimi_k25.hf_adapter:KimiK25HFAdapter",
              description="Hugging Face <-> loong for Kimi-K2.5 (MoonViT, projector, DeepSeek-V3 decoder)")
+    register("ernie4_5_vl", "loong_vlm.ernie4_5_vl.hf_adapter:Ernie45VLHFAdapter",
+             description="Hugging Face <-> loong for ERNIE-4.5-VL (ViT, resampler, modality-isolated MoE decoder)")
     register("qwen3_vl_moe", "loong_vlm.qwen3_vl.moe_hf_adapter:Qwen3VLMoeHFAdapter",
              description="Hugging Face <-> loong for Qwen3-VL-MoE (stacked experts, vision tower included)")
 

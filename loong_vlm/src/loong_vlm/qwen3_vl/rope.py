@@ -55,12 +55,20 @@ class InterleavedMRoPE(MultimodalRotaryEmbedding):
         positions = position_ids.to(device=self.inv_freq.device, dtype=torch.float32)
         if self.seq_len_interpolation_factor is not None:
             positions = positions / self.seq_len_interpolation_factor
-        half = interleave_sections(positions[..., None] * self.inv_freq, mrope_section)  # [b, s, d/2]
-        emb = torch.cat([half, half], dim=-1)[..., None, :].transpose(0, 1).contiguous()
+        half = self.mix(positions[..., None] * self.inv_freq, mrope_section)  # [b, s, d/2]
+        emb = self.expand(half)[..., None, :].transpose(0, 1).contiguous()
         cp_group = cp_group if cp_group is not None else self.cp_group
         if cp_group is not None and cp_group.size() > 1:
             emb = get_pos_emb_on_this_cp_rank(emb, 0, cp_group)
         return emb
+
+    def mix(self, freqs: torch.Tensor, section: list[int]) -> torch.Tensor:
+        """Each frequency's angle from its axis: ``[3, b, s, d/2]`` -> ``[b, s, d/2]``."""
+        return interleave_sections(freqs, section)
+
+    def expand(self, half: torch.Tensor) -> torch.Tensor:
+        """``[..., d/2]`` angles -> ``[..., d]`` in the layout the attention rotates by (rotate-half)."""
+        return torch.cat([half, half], dim=-1)
 
     @classmethod
     def replacing(cls, rotary: MultimodalRotaryEmbedding) -> InterleavedMRoPE:
