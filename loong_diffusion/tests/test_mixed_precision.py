@@ -14,11 +14,16 @@ STEPS = 5
 
 
 def test_dit_bf16_stays_within_one_bf16_unit_of_fp32(tmp_path, quiet):
+    """Under DDP (autocast) and under FSDP2 (bf16 parameters for compute, fp32 reductions), where
+    the DiT's fp32 timestep sinusoids must meet bf16 weights."""
     runs = {}
-    for precision in ("fp32", "bf16"):
-        run_dir = tmp_path / precision
+    for name, overrides in {"fp32": ["parallel.mixed_precision=fp32"],
+                            "bf16": ["parallel.mixed_precision=bf16"],
+                            "bf16_fsdp": ["parallel.mixed_precision=bf16", "parallel=fsdp"]}.items():
+        run_dir = tmp_path / name
         run_train(["experiment=dit_digits_debug", *quiet, f"trainer.train_iters={STEPS}",
-                   "trainer.eval_interval=0", "trainer.save_at_end=false",
-                   f"parallel.mixed_precision={precision}", f"trainer.run_dir={run_dir}"])
-        runs[precision] = losses(run_dir)
+                   "trainer.eval_interval=0", "trainer.save_at_end=false", *overrides,
+                   f"trainer.run_dir={run_dir}"])
+        runs[name] = losses(run_dir)
     assert_within_one_bf16_unit(runs["fp32"], runs["bf16"], STEPS)
+    assert_within_one_bf16_unit(runs["fp32"], runs["bf16_fsdp"], STEPS)

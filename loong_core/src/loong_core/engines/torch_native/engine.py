@@ -90,7 +90,10 @@ class TorchEngine(Engine):
         self.optimizer = optim.build_optimizer(self.config, self.model, self.device.fused_optimizers)
         self.scheduler = optim.LRSchedule(self.optimizer, self.config)
         self.metric_names = list(getattr(self.provider, "reported_metrics", ("loss",)))
-        self._autocast = p.data_parallel_sharding == "ddp" and self.dtype != torch.float32
+        # DDP: autocast is the mixed precision. FSDP2 casts the parameters (param_dtype), and
+        # autocast also covers what a model makes in fp32 itself (timestep sinusoids, state
+        # features) meeting those bf16 weights.
+        self._autocast = self.dtype != torch.float32
         logger.info("torch engine: %s over %d ranks (Ulysses %d), compute %s, activation checkpointing %s",
                     p.data_parallel_sharding, self.layout.world_size, p.ulysses_size,
                     str(self.dtype).replace("torch.", ""), "on" if p.activation_checkpointing else "off")
