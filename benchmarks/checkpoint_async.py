@@ -35,7 +35,8 @@ MODELS = {
     "torch": ["experiment=dit_digits_debug", "model.hidden_size=1024", "model.num_layers=6",
               "model.num_attention_heads=16", "trainer.micro_batch_size=8", "trainer.global_batch_size=8"],
 }
-_SAVED = re.compile(r"saved checkpoint \S+iter_(\d+) \(training blocked ([\d.]+) s\)")
+_SAVED = re.compile(r"saved checkpoint \S+iter_(\d+) \(training blocked ([\d.]+) s[):]")
+_PARTS = re.compile(r"saved checkpoint \S+iter_(\d+) \(training blocked [\d.]+ s: ([^)]*)\)")
 _PARAMS = re.compile(r"model: \S+ \(([\d.]+[KMB]?) parameters\)")
 
 
@@ -51,6 +52,8 @@ def _run(engine: str, asynchronous: bool, steps: int, interval: int, root: Path)
     if proc.returncode != 0:
         raise SystemExit(f"{engine} run failed:\n{log[-3000:]}")
     stalls = {int(it): float(s) for it, s in _SAVED.findall(log)}
+    parts = {int(it): dict((name, float(sec)) for name, sec in (p.rsplit(" ", 1) for p in text.split(", ")))
+             for it, text in _PARTS.findall(log)}
     from loong_core.checkpoint import space
     from loong_core.testing import read_metrics
 
@@ -59,7 +62,9 @@ def _run(engine: str, asynchronous: bool, steps: int, interval: int, root: Path)
     params = _PARAMS.search(log).group(1)
     shutil.rmtree(run_dir, ignore_errors=True)
     interval_saves = [stalls[it] for it in sorted(stalls) if it != steps]
-    return {"stalls": interval_saves, "size": size, "step_time": step_time, "params": params}
+    interval_parts = [parts[it] for it in sorted(parts) if it != steps]
+    return {"stalls": interval_saves, "size": size, "step_time": step_time, "params": params,
+            "parts": interval_parts}
 
 
 def main() -> None:
@@ -73,14 +78,18 @@ def main() -> None:
     from loong_core.checkpoint.space import human_bytes
 
     root = Path(args.dir or tempfile.mkdtemp(prefix="ckpt_async_"))
-    rows = []
+    rows, details = [], []
     for engine in args.engines:
         sync = _run(engine, False, args.steps, args.interval, root)
         asy = _run(engine, True, args.steps, args.interval, root)
         s, a = statistics.median(sync["stalls"]), statistics.median(asy["stalls"])
+        names = [name for name in asy["parts"][0]] if asy["parts"] else []
+        details.append((engine, {n: statistics.median(p.get(n, 0.0) for p in asy["parts"]) for n in names}))
         rows.append((engine, sync["params"], human_bytes(sync["size"]), f"{s:.2f}", f"{a:.2f}",
                      f"1/{s / a:.1f}" if a else "-", f"{sync['step_time']:.1f}", f"{asy['step_time']:.1f}",
                      " ".join(f"{x:.2f}" for x in sync["stalls"]), " ".join(f"{x:.2f}" for x in asy["stalls"])))
+    for engine, breakdown in details:
+        print(f"{engine} async stall, median per part: " + ", ".join(f"{k} {v:.2f} s" for k, v in breakdown.items()))
     header = ("engine", "params", "checkpoint", "sync stall s", "async stall s", "async/sync",
               "steps sync s", "steps async s", "sync stalls", "async stalls")
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]

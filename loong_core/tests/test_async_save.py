@@ -96,6 +96,21 @@ def test_a_second_save_while_one_is_in_flight_is_refused_until_the_first_is_wait
     assert [p.name for p in store.list_checkpoints(tmp_path)] == ["iter_0000002", "iter_0000004"]
 
 
+def test_the_time_spent_waiting_for_the_write_is_told_apart_from_the_commit(tmp_path):
+    """What the log's stall breakdown reads: a wait that found the write still running reports
+    the time it waited for it; one that found it done reports (almost) none."""
+    saver = AsyncCheckpointer(tmp_path, CPU)
+    write = _start(saver, 2)
+    threading.Timer(0.3, write.release.set).start()
+    saver.wait()
+    assert 0.25 <= saver.last_write_wait_s < 10
+    write = _start(saver, 4)
+    write.release.set()
+    write.thread.join()
+    saver.wait()
+    assert saver.last_write_wait_s < 0.25
+
+
 def test_a_failed_async_write_leaves_nothing_and_keeps_the_previous_checkpoint(tmp_path):
     saver = AsyncCheckpointer(tmp_path, CPU)
     _start(saver, 2).release.set()

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -138,6 +139,8 @@ class AsyncCheckpointer:
     def __init__(self, checkpoint_root: Path, device: Any):
         self.checkpoint_root, self.device = Path(checkpoint_root), device
         self._pending: _InFlight | None = None
+        #: Seconds the last :meth:`wait` spent waiting for the write itself (the rest: the commit).
+        self.last_write_wait_s = 0.0
 
     @property
     def in_flight(self) -> int | None:
@@ -210,10 +213,12 @@ class AsyncCheckpointer:
         pending, self._pending = self._pending, None
         rank = _rank()
         failure, known = None, None
+        started = time.perf_counter()
         try:
             known = pending.write.finish()
         except (Exception, CheckpointException) as exc:
             failure = exc
+        self.last_write_wait_s = time.perf_counter() - started
         partial = store.partial_path(self.checkpoint_root, pending.iteration)
         space.agree(failure, rank, self.checkpoint_root, partial, pending.iteration)
         return store.commit(self.checkpoint_root, pending.iteration, pending.record,

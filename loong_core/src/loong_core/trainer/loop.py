@@ -54,6 +54,8 @@ class Trainer:
         # Seconds the loop was blocked by the checkpoint being saved, and by the last one completed
         # (for an asynchronous one: taking the snapshot, the checks at later steps, the commit).
         self._stall = self.last_save_stall = 0.0
+        # The parts of an asynchronous save's stall (snapshot, checks, waiting for the write, commit)
+        self._stall_parts: dict[str, float] = {}
         self._progress: Progress | None = None  # where saves are noted, during fit()
         self.async_saves = AsyncCheckpointer(self.checkpoint_root, device.torch_device) if self.cfg.async_save else None
         # Steps whose update the optimizer skipped (an fp16 overflow, or a non-finite loss when the
@@ -151,6 +153,7 @@ class Trainer:
             except CheckpointSaveError as exc:
                 self._refused(exc, iteration, last)
             self._stall = time.perf_counter() - started
+            self._stall_parts = {"snapshot": self._stall}
             return None
         self._last_saved = iteration
         try:
@@ -180,24 +183,36 @@ class Trainer:
         if self.async_saves is None or self.async_saves.in_flight is None:
             return None
         saving, started = self.async_saves.in_flight, time.perf_counter()
+        self.async_saves.last_write_wait_s = 0.0
         try:
             path = self.async_saves.wait() if wait else self.async_saves.poll()
         except CheckpointSaveError as exc:
             self._refused(exc, iteration, last=False)
             return None
         finally:
-            self._stall += time.perf_counter() - started
+            spent = time.perf_counter() - started
+            self._stall += spent
+            waited = self.async_saves.last_write_wait_s
+            parts = self._stall_parts
+            if self.async_saves.in_flight is None:  # this call committed (or failed) the save
+                parts["waiting for the write"] = parts.get("waiting for the write", 0.0) + waited
+                parts["commit"] = parts.get("commit", 0.0) + spent - waited
+            else:
+                parts["checks"] = parts.get("checks", 0.0) + spent
         if path is not None:
             self._saved(saving, path)
         return path
 
     def _saved(self, iteration: int, path: Path) -> None:
         self.last_save_stall, self._stall = self._stall, 0.0
+        parts, self._stall_parts = self._stall_parts, {}
         self._committed = iteration
         self.nonfinite.last_good = path
         self.hooks.loong_on_checkpoint_saved(run=self.run, step=iteration, path=str(path))
         if self._progress is not None:
-            self._progress.note(f"saved checkpoint {path} (training blocked {self.last_save_stall:.2f} s)")
+            detail = "".join(f", {name} {seconds:.2f}" for name, seconds in parts.items())
+            self._progress.note(f"saved checkpoint {path} (training blocked {self.last_save_stall:.2f} s"
+                                f"{': ' + detail[2:] if detail else ''})")
 
     def _refused(self, exc: CheckpointSaveError, iteration: int, last: bool) -> None:
         """A save the storage refused: the run stops (``last``) or logs it and goes on."""
