@@ -138,7 +138,9 @@ def _engine():
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     model(torch.randn(3, 64)).sum().backward()
     optimizer.step()
-    return types.SimpleNamespace(model=model, optimizer=optimizer)
+    from loong_core.devices.cpu import CPUBackend
+
+    return types.SimpleNamespace(model=model, optimizer=optimizer, device=CPUBackend)
 
 
 def test_the_torch_engine_writes_the_state_of_the_save_while_training_changes_it(tmp_path):

@@ -77,19 +77,26 @@ def test_factories_stay_inside_device_context_managers():
 
 
 def test_checkpoint_write_results_stay_in_this_process():
+    """Synchronous saves: a thread queue, kept once installed; asynchronous ones: a queue forked
+    writers put into through a pipe (never a multiprocessing manager's proxy)."""
     import queue
 
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
-    from loong_core.engines.megatron import checkpointing
+    from loong_core.engines.megatron.async_checkpoint import ResultsQueue, install_results_queue
 
     saved = filesystem_async._results_queue
     try:
         filesystem_async._results_queue = None
-        checkpointing._results_in_process()
+        install_results_queue(asynchronous=False)
         made = filesystem_async._results_queue
-        assert isinstance(made, queue.Queue)  # not a multiprocessing manager's proxy
-        checkpointing._results_in_process()
+        assert isinstance(made, queue.Queue)
+        install_results_queue(asynchronous=False)
         assert filesystem_async._results_queue is made  # one queue per process
+        install_results_queue(asynchronous=True)
+        forked = filesystem_async._results_queue
+        assert isinstance(forked, ResultsQueue)
+        install_results_queue(asynchronous=False)
+        assert filesystem_async._results_queue is forked  # it serves synchronous saves too
     finally:
         filesystem_async._results_queue = saved

@@ -29,12 +29,15 @@ class DeviceBackend:
         fused_optimizers: torch's fused optimizer kernels run on this device, so
             ``optim.implementation=auto`` takes them (a vendor runtime that presents its card as
             another device type may lack them: it sets False and ``auto`` keeps torch's default).
+        pinned_host_memory: Host copies of device tensors (an asynchronous checkpoint's snapshot)
+            go to page-locked memory, which this device copies into faster.
     """
 
     name = "base"
     dist_backend = "gloo"
     visible_devices_var: str | None = None
     fused_optimizers = True
+    pinned_host_memory = False
 
     @classmethod
     def is_available(cls) -> bool:

@@ -13,6 +13,7 @@ class CUDABackend(DeviceBackend):
     """One process per GPU; the process's GPU is ``LOCAL_RANK``."""
 
     name = "cuda"
+    pinned_host_memory = True
     dist_backend = "nccl"
     visible_devices_var = "CUDA_VISIBLE_DEVICES"
 

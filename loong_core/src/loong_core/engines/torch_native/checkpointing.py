@@ -76,8 +76,9 @@ def _stager(engine):
     if stager is None:
         from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-        stager = DefaultStager(StagingOptions(use_pinned_memory=torch.cuda.is_available(), use_shared_memory=False,
-                                              use_async_staging=False, use_non_blocking_copy=False))
+        options = StagingOptions(use_pinned_memory=engine.device.pinned_host_memory, use_shared_memory=False,
+                                 use_async_staging=False, use_non_blocking_copy=False)
+        stager = DefaultStager(options)
         engine._checkpoint_stager = stager
     return stager
 
