@@ -90,14 +90,18 @@ class LlavaConfig(DataConfig):
         video_layout: How a video is laid out in the tokens, as the model family reads it:
             ``qwen2_5`` (one placeholder run, Qwen2-VL / Qwen2.5-VL MRoPE positions),
             ``qwen3_vl`` (a ``<S.s seconds>`` timestamp and its own vision start / end per temporal
-            patch, Qwen3-VL positions) or ``kimi_k25`` (an ``HH:MM:SS.mmm`` timestamp and its own
-            vision start / end per clip; :mod:`loong_vlm.data.video_layout`). The model checks it.
+            patch, Qwen3-VL positions), ``kimi_k25`` (an ``HH:MM:SS.mmm`` timestamp and its own
+            vision start / end per clip; :mod:`loong_vlm.data.video_layout`) or ``ernie4_5_vl``
+            (one placeholder run, ERNIE-4.5-VL positions: one time step per merged frame pair;
+            goes with ``image_processing=ernie``). The model checks it.
         image_processing: ``dynamic`` (Qwen-style patches at each image's own resolution),
             ``tiles`` (InternVL: fixed-size tiles of ``tile_size``, 1 to ``max_tiles`` per image
             by its aspect ratio plus a thumbnail, ImageNet normalisation; a video's sampled
             frames one tile each; :mod:`loong_vlm.data.tiles`) or ``navit`` (Kimi-K2.5 / MoonViT:
             native resolution, never upscaled, padded to whole merge blocks, one frame per patch;
-            a video in clips of ``temporal_patch_size`` frames; :mod:`loong_vlm.data.navit`).
+            a video in clips of ``temporal_patch_size`` frames; :mod:`loong_vlm.data.navit`) or
+            ``ernie`` (ERNIE-4.5-VL: ``dynamic`` sizes with one frame per patch row, a video's
+            frames merged in pairs (``temporal_patch_size=2``) by the model; :mod:`loong_vlm.data.ernie`).
             The model checks it.
         max_patches: Patch budget of an image (``navit``).
         max_patches_per_side: Most patches along a side of an image or frame (``navit``).
@@ -152,9 +156,16 @@ class LlavaConfig(DataConfig):
             raise ConfigError(f"data.valid_fraction = {self.valid_fraction} must be in (0, 1).")
         if self.seq_length < 2:
             raise ConfigError(f"data.seq_length = {self.seq_length} must be at least 2.")
-        if self.image_processing not in ("dynamic", "tiles", "navit"):
+        if self.image_processing not in ("dynamic", "tiles", "navit", "ernie"):
             raise ConfigError(f"data.image_processing = {self.image_processing!r} must be dynamic (Qwen-style "
-                              "patches), tiles (InternVL) or navit (Kimi-K2.5).")
+                              "patches), tiles (InternVL), navit (Kimi-K2.5) or ernie (ERNIE-4.5-VL).")
+        if (self.image_processing == "ernie") != (self.video_layout == "ernie4_5_vl"):
+            raise ConfigError(f"data.image_processing = {self.image_processing} and data.video_layout = "
+                              f"{self.video_layout}: ERNIE-4.5-VL's patches and positions go together; set both "
+                              "data.image_processing=ernie and data.video_layout=ernie4_5_vl, or neither.")
+        if self.image_processing == "ernie" and self.temporal_patch_size != 2:
+            raise ConfigError(f"data.temporal_patch_size = {self.temporal_patch_size} but ERNIE-4.5-VL's resampler "
+                              "merges frame pairs; set data.temporal_patch_size=2.")
         if self.image_processing == "navit" and min(self.max_patches, self.video_max_patches,
                                                     self.max_patches_per_side) < 1:
             raise ConfigError("data.max_patches, data.video_max_patches and data.max_patches_per_side must be "
@@ -166,16 +177,15 @@ class LlavaConfig(DataConfig):
             if not 1 <= self.min_tiles <= self.max_tiles:
                 raise ConfigError(f"data.min_tiles = {self.min_tiles} and data.max_tiles = {self.max_tiles} need "
                                   "1 <= min_tiles <= max_tiles.")
-        if self.video_layout not in ("qwen2_5", "qwen3_vl", "kimi_k25"):
+        if self.video_layout not in ("qwen2_5", "qwen3_vl", "kimi_k25", "ernie4_5_vl"):
             raise ConfigError(f"data.video_layout = {self.video_layout!r} must be qwen2_5 (Qwen2-VL / Qwen2.5-VL), "
-                              "qwen3_vl (Qwen3-VL) or kimi_k25 (Kimi-K2.5).")
+                              "qwen3_vl (Qwen3-VL), kimi_k25 (Kimi-K2.5) or ernie4_5_vl (ERNIE-4.5-VL).")
 
     def vision_processor(self):
         """The :class:`~loong_vlm.data.vision.VisionProcessor` of these settings (a
         :class:`~loong_vlm.data.tiles.TileProcessor` with ``image_processing=tiles``, a
-        :class:`~loong_vlm.data.navit.NaViTProcessor` with ``navit``)."""
-        from loong_vlm.data.vision import VisionProcessor
-
+        :class:`~loong_vlm.data.navit.NaViTProcessor` with ``navit``, an
+        :class:`~loong_vlm.data.ernie.ErnieVisionProcessor` with ``ernie``)."""
         if self.image_processing == "navit":
             from loong_vlm.data.navit import NaViTProcessor
 
@@ -189,8 +199,11 @@ class LlavaConfig(DataConfig):
             return TileProcessor(tile_size=self.tile_size, min_tiles=self.min_tiles, max_tiles=self.max_tiles,
                                  patch_size=self.patch_size, merge_size=self.merge_size,
                                  video_max_frames=self.video_max_frames)
-
-        return VisionProcessor(
+        if self.image_processing == "ernie":
+            from loong_vlm.data.ernie import ErnieVisionProcessor as processor
+        else:
+            from loong_vlm.data.vision import VisionProcessor as processor
+        return processor(
             patch_size=self.patch_size, temporal_patch_size=self.temporal_patch_size, merge_size=self.merge_size,
             min_pixels=self.min_pixels, max_pixels=self.max_pixels, video_min_pixels=self.video_min_pixels,
             video_max_pixels=self.video_max_pixels, video_max_frames=self.video_max_frames)

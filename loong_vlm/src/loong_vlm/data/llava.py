@@ -266,12 +266,15 @@ class LlavaDataModule:
 
     # -- DataModule --------------------------------------------------------------------------
     def model_overrides(self) -> dict[str, Any]:
-        """Vocabulary, placeholder ids and the vision geometry the model must agree with."""
+        """Vocabulary, placeholder ids, the vision start / end ids (image start, image end, video
+        start, video end: models that route them as vision tokens, e.g. ERNIE-4.5-VL's
+        ``vision_start_token_ids``) and the vision geometry the model must agree with."""
         if self.layout is None:
             self.setup()
-        p = self.processor
+        p, start, end = self.processor, self.layout.vision_start_id, self.layout.vision_end_id
         return {"vocab_size": self.tokenizer.vocab_size, "image_token_id": self.layout.image_token_id,
-                "video_token_id": self.layout.video_token_id, "num_channels": 3, "patch_size": p.patch_size,
+                "video_token_id": self.layout.video_token_id, "vision_start_token_ids": [start, end, start, end],
+                "num_channels": 3, "patch_size": p.patch_size,
                 "temporal_patch_size": p.temporal_patch_size, "spatial_merge_size": p.merge_size,
                 "tokens_per_second": self.config.tokens_per_second, "mrope_positions": self.config.mrope,
                 "video_layout": self.config.video_layout, "image_processing": self.config.image_processing,

@@ -3,8 +3,8 @@
 A sample holds one record or, packed, several: their ``L - 1`` positions back to back with
 ``segment_ids`` (the record of each position: a block-diagonal causal mask that is never built
 densely) and position ids restarting at each record (3-row MRoPE ids computed per record, as the
-record would get alone). Videos are laid out the Qwen2.5-VL or the
-Qwen3-VL way (:mod:`loong_vlm.data.video_layout`), each with its model's position ids. Visual
+record would get alone). Videos are laid out as the model family reads them
+(:mod:`loong_vlm.data.video_layout`), each with its model's position ids. Visual
 inputs stay file references in the sample (``image_files``, ``video_files``) with their patch
 grids; :func:`collate_llava` decodes them for the micro batch only, so a data balancer can look at
 every sample of a global batch without decoding any image.
@@ -68,11 +68,11 @@ class SampleLayout:
         processor: Grid -> token counts (its ``merge_size``).
         mrope: Emit ``[3, s]`` MRoPE position ids instead of ``[s]``.
         tokens_per_second: Temporal MRoPE positions per second of video.
-        video_layout: ``qwen2_5`` (one placeholder run per video), ``kimi_k25`` (timestamp + vision
-            start / end per clip) or ``qwen3_vl`` (timestamp +
+        video_layout: ``qwen2_5`` (one placeholder run per video), ``ernie4_5_vl`` (one run, ERNIE
+            positions), ``kimi_k25`` (timestamp + vision start / end per clip) or ``qwen3_vl`` (timestamp +
             ``<|vision_start|>`` + run + ``<|vision_end|>`` per temporal patch, Qwen3-VL positions).
-        vision_start_id: Id of ``<|vision_start|>`` (``qwen3_vl`` layout).
-        vision_end_id: Id of ``<|vision_end|>`` (``qwen3_vl`` layout).
+        vision_start_id: Id of ``<|vision_start|>`` (written per temporal patch / clip by the per-frame layouts).
+        vision_end_id: Id of ``<|vision_end|>`` (likewise).
     """
 
     seq_length: int
@@ -153,6 +153,12 @@ class SampleLayout:
             return qwen3_vl_position_ids(tokens, images, videos, image_token_id=self.image_token_id,
                                          video_token_id=self.video_token_id,
                                          spatial_merge_size=self.processor.merge_size)
+        if self.video_layout == "ernie4_5_vl":
+            from loong_vlm.ernie4_5_vl.rope import ernie_position_ids
+
+            return ernie_position_ids(tokens, images, videos, image_token_id=self.image_token_id,
+                                      video_token_id=self.video_token_id, spatial_merge_size=self.processor.merge_size,
+                                      temporal_merge_size=self.processor.temporal_patch_size)
         return mrope_position_ids(tokens, images, videos, image_token_id=self.image_token_id,
                                   video_token_id=self.video_token_id, spatial_merge_size=self.processor.merge_size,
                                   tokens_per_second=self.tokens_per_second,

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from loong_vlm.data.vision import flatten_patches, sample_frame_indices, to_rgb
+from loong_vlm.data.vision import flatten_patches, frame_size, sample_frame_indices, to_rgb
 
 #: Kimi-K2.5's normalisation (transformers' ``IMAGENET_STANDARD_MEAN`` / ``_STD``).
 HALF = (0.5, 0.5, 0.5)
@@ -133,11 +133,7 @@ class NaViTProcessor:
 
     def video(self, frames: Sequence) -> tuple[np.ndarray, tuple[int, int, int]]:
         """Patch rows and grid of a video given as PIL frames (all of one size)."""
-        sizes = {(f.height, f.width) for f in frames}
-        if len(sizes) != 1:
-            raise ValueError(f"the frames of a video differ in size: {sorted(sizes)}")
-        ((height, width),) = sizes
-        size, padded = self._size(height, width, self.video_max_patches)
+        size, padded = self._size(*frame_size(frames), self.video_max_patches)
         keep = sample_frame_indices(len(frames), self.video_max_frames, 1)
         stack = np.stack([resized_padded(frames[i], size, padded, self.mean, self.std) for i in keep])
         return flatten_patches(stack, self.patch_size, 1, self.merge_size)

@@ -15,6 +15,11 @@ being its index in the record's frame list divided by the record's ``fps``
 averages a clip into one frame's tokens) and the time of a clip's first frame written
 ``HH:MM:SS.mmm`` (transformers' ``Kimi_K25Processor``; its ``<|media_begin|>video<|media_content|>``
 / ``<|media_end|>`` markup is the tokenizer's vision start / end here).
+
+``ernie4_5_vl``: as ``qwen2_5`` (one run between the markup's vision start / end, transformers'
+``Ernie4_5_VLMoeProcessor``), with ERNIE-4.5-VL's positions: its grid counts frames, the model
+merges them in pairs, and each pair advances the time row by one whatever the frame rate
+(:func:`~loong_vlm.ernie4_5_vl.rope.ernie_position_ids`).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import numpy as np
 from loong_core.errors import ConfigError
 
 #: Accepted values of ``data.video_layout`` (and of a VLM config's ``video_layout``).
-VIDEO_LAYOUTS = ("qwen2_5", "qwen3_vl", "kimi_k25")
+VIDEO_LAYOUTS = ("qwen2_5", "qwen3_vl", "kimi_k25", "ernie4_5_vl")
 
 #: Frame rate assumed for a record without ``fps`` (transformers' Qwen3-VL processor default).
 FALLBACK_FPS = 24.0

@@ -81,6 +81,14 @@ def normalised(image, size: tuple[int, int], mean: Sequence[float], std: Sequenc
     return ((pixels - mean) / std).transpose(2, 0, 1)
 
 
+def frame_size(frames: Sequence) -> tuple[int, int]:
+    """``(height, width)`` of a video's PIL frames; raises ValueError when they differ."""
+    sizes = {(f.height, f.width) for f in frames}
+    if len(sizes) != 1:
+        raise ValueError(f"the frames of a video differ in size: {sorted(sizes)}")
+    return sizes.pop()
+
+
 def sample_frame_indices(num_frames: int, max_frames: int, temporal_patch_size: int) -> list[int]:
     """Frames of a video to keep, a multiple of ``temporal_patch_size`` of them.
 
@@ -183,11 +191,7 @@ class VisionProcessor:
 
     def video(self, frames: Sequence) -> tuple[np.ndarray, tuple[int, int, int]]:
         """Patch rows and grid of a video given as PIL frames (all of one size)."""
-        sizes = {(f.height, f.width) for f in frames}
-        if len(sizes) != 1:
-            raise ValueError(f"the frames of a video differ in size: {sorted(sizes)}")
-        ((height, width),) = sizes
-        size = smart_resize(height, width, self.factor, self.video_min_pixels, self.video_max_pixels)
+        size = smart_resize(*frame_size(frames), self.factor, self.video_min_pixels, self.video_max_pixels)
         keep = sample_frame_indices(len(frames), self.video_max_frames, self.temporal_patch_size)
         stack = np.stack([self._normalised(frames[i], size) for i in keep])
         return flatten_patches(stack, self.patch_size, self.temporal_patch_size, self.merge_size)

@@ -19,7 +19,8 @@ class ErnieViTConfig(VisionEncoderConfig):
     one feature per patch in merge-block order, for the ``ernie_resampler`` projector.
 
     Inputs follow the dynamic-resolution convention (``docs/vlm_inputs.md``): ``[P, C * p^2]``
-    rows, frame by frame, each frame's patches in merge-block order, with ``[t, h, w]`` grids.
+    rows, frame by frame, each frame's patches in merge-block order, with ``[t, h, w]`` grids
+    (``data.image_processing=ernie``, as transformers' ERNIE-4.5-VL processors cut them).
 
     Attributes:
         num_layers: Transformer blocks (HF ``depth``).
@@ -36,6 +37,7 @@ class ErnieViTConfig(VisionEncoderConfig):
     """
 
     dynamic_resolution: ClassVar[bool] = True
+    image_processing: ClassVar[str] = "ernie"  # the preprocessing it reads (the data checks it)
 
     patch_size: int = 14
     num_layers: int = 2
@@ -127,12 +129,13 @@ class Ernie45VLConfig(VLMConfig):
         foundation: An ``ernie4_5_vl_text`` decoder.
         vision_start_token_ids: Tokens that open / close an image or video (HF
             ``image_start_token_id``, ``image_end_token_id``, ``video_start_token_id``,
-            ``video_end_token_id``): routed to the vision experts like the placeholders.
+            ``video_end_token_id``): routed to the vision experts like the placeholders. LLaVA
+            data sets them to its tokenizer's vision start / end ids.
         init_from_hf: Hugging Face ERNIE-4.5-VL directory whose config.json decides the
             architecture and whose weights initialise the model.
     """
 
-    video_layout: ClassVar[str] = "qwen2_5"
+    video_layout: ClassVar[str] = "ernie4_5_vl"  # one run per video, a time step per frame pair
 
     encoder: ModelConfig = component("model", default_factory=_ernie_vit)
     projector: ModelConfig = component("model", default_factory=_resampler)

@@ -11,21 +11,6 @@ from loong_vlm.ernie4_5_vl.config import Ernie45VLConfig
 from loong_vlm.hf_provider import HFVLMProvider
 
 
-def frames_of_temporal_patches(pixel_values: torch.Tensor, grid_thw: torch.Tensor, channels: int):
-    """Qwen-style rows ``[P, C * 2 * p^2]`` (two frames per patch; an image repeated) as one row
-    per frame ``[2P, C * p^2]``, frame by frame, with grids of ``2t`` frames. An image becomes two
-    equal frames, which the resampler pairs as it pairs an image with itself (same result)."""
-    rows = pixel_values.reshape(pixel_values.shape[0], channels, 2, -1)
-    out, start = [], 0
-    for t, h, w in grid_thw.tolist():
-        block = rows[start:start + t * h * w].reshape(t, h * w, channels, 2, -1)
-        out.append(block.permute(0, 3, 1, 2, 4).reshape(t * 2 * h * w, -1))
-        start += t * h * w
-    grid = grid_thw.clone()
-    grid[:, 0] *= 2
-    return torch.cat(out), grid
-
-
 class ErnieVLComposer(VisionLanguageModel):
     """The composer with the resampler's grids and the vision-token mask.
 
@@ -45,12 +30,7 @@ class ErnieVLComposer(VisionLanguageModel):
         self.register_buffer("vision_token_ids", torch.tensor(sorted(ids), dtype=torch.long), persistent=False)
 
     def visual_features(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
-        """Projected tokens; the resampler pairs frames, so it gets the grids too. Qwen-style rows
-        of two frames (``data.temporal_patch_size=2``) are cut into one row per frame first."""
-        cfg = self.encoder.cfg
-        frame_width = cfg.num_channels * cfg.patch_size ** 2
-        if pixel_values.shape[-1] == 2 * frame_width:
-            pixel_values, grid_thw = frames_of_temporal_patches(pixel_values, grid_thw, cfg.num_channels)
+        """Projected tokens; the resampler pairs frames, so it gets the grids too."""
         return self.projector(self.encoder(pixel_values, grid_thw), grid_thw)
 
     def vision_mask(self, tokens: torch.Tensor) -> torch.Tensor:
