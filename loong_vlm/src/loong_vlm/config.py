@@ -8,7 +8,7 @@ A VLM is three registered components, each with its own config picked by its ``n
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import ClassVar, Literal, Optional
 
 from loong_core.config.schema import ModelConfig, component
 
@@ -56,6 +56,46 @@ class VisionEncoderConfig(ModelConfig):
         """Feature vectors the encoder outputs per image."""
         rows, cols = self.grid()
         return rows * cols
+
+
+@dataclass
+class DynamicViTConfig(VisionEncoderConfig):
+    """Base of the native-resolution vision towers (Qwen3-VL's, MoonViT, ERNIE-4.5-VL's): inputs
+    are ``pixel_values`` rows with a ``[t, h, w]`` patch grid per image or video
+    (``docs/vlm_inputs.md``), positions are 2D rotary embeddings, and ``spatial_merge_size^2``
+    patches become one token of the foundation. ``image_size`` only sizes the fixed-resolution
+    bookkeeping of the generic VLM provider.
+
+    Attributes:
+        num_layers: Transformer blocks (HF ``depth`` / ``num_hidden_layers``).
+        hidden_size: Width.
+        num_attention_heads: Heads (HF ``num_heads``); must divide by the TP size.
+        ffn_hidden_size: MLP inner width (HF ``intermediate_size``).
+        spatial_merge_size: Side of the block of patches merged into one output token.
+        rope_theta: Base of the 2D rotary frequencies.
+        norm_epsilon: LayerNorm epsilon.
+        init_method_std: Std of the normal initialisation.
+        hidden_dropout: Dropout after attention / MLP.
+        attention_dropout: Dropout on attention probabilities.
+    """
+
+    dynamic_resolution: ClassVar[bool] = True  # pixel_values + grid_thw inputs (docs/vlm_inputs.md)
+
+    num_layers: int = 2
+    hidden_size: int = 64
+    num_attention_heads: int = 4
+    ffn_hidden_size: int = 128
+    spatial_merge_size: int = 2
+    rope_theta: float = 10000.0
+    norm_epsilon: float = 1.0e-6
+    init_method_std: float = 0.02
+    hidden_dropout: float = 0.0
+    attention_dropout: float = 0.0
+
+    def num_patches(self) -> int:
+        """Merged tokens of one ``image_size`` square image (after the merge)."""
+        rows, cols = self.grid()
+        return rows * cols // (self.spatial_merge_size ** 2)
 
 
 @dataclass

@@ -86,6 +86,18 @@ def position_embedding_taps(grid_thw: torch.Tensor, side: int, merge: int,
     return torch.cat(indices), torch.cat(weights)
 
 
+def _row_and_column_angles(grid_thw: torch.Tensor, merge: int, head_dim: int, theta: float):
+    """Per image: ``(t, row angles, column angles)``, each ``[h * w, head_dim / 4]`` over the same
+    frequencies, patches in merge-block order."""
+    if head_dim % 4:
+        raise ValueError(f"2D RoPE needs a head dimension divisible by 4, got {head_dim}")
+    half = head_dim // 2
+    inv_freq = 1.0 / theta ** (torch.arange(0, half, 2, dtype=torch.float32) / half)
+    for t, h, w in grid_thw.tolist():
+        row, col = merge_block_coordinates(h, w, merge)
+        yield t, row[:, None].float() * inv_freq, col[:, None].float() * inv_freq
+
+
 def rotary_angles(grid_thw: torch.Tensor, merge: int, head_dim: int, theta: float) -> torch.Tensor:
     """2D rotary angles ``[P, head_dim]`` of the packed patches (rotate-half layout).
 
@@ -98,16 +110,8 @@ def rotary_angles(grid_thw: torch.Tensor, merge: int, head_dim: int, theta: floa
         head_dim: Attention head width (a multiple of 4).
         theta: Frequency base.
     """
-    if head_dim % 4:
-        raise ValueError(f"2D RoPE needs a head dimension divisible by 4, got {head_dim}")
-    half = head_dim // 2
-    inv_freq = 1.0 / theta ** (torch.arange(0, half, 2, dtype=torch.float32) / half)
-    angles = []
-    for t, h, w in grid_thw.tolist():
-        row, col = merge_block_coordinates(h, w, merge)
-        frame = torch.cat([row[:, None].float() * inv_freq, col[:, None].float() * inv_freq], dim=-1)
-        angles.append(frame.repeat(t, 1))
-    angles = torch.cat(angles)
+    angles = torch.cat([torch.cat([row, col], dim=-1).repeat(t, 1)
+                        for t, row, col in _row_and_column_angles(grid_thw, merge, head_dim, theta)])
     return torch.cat([angles, angles], dim=-1)
 
 
@@ -123,15 +127,8 @@ def interleaved_rotary_angles(grid_thw: torch.Tensor, merge: int, head_dim: int,
         head_dim: Attention head width (a multiple of 4).
         theta: Frequency base.
     """
-    if head_dim % 4:
-        raise ValueError(f"2D RoPE needs a head dimension divisible by 4, got {head_dim}")
-    half = head_dim // 2
-    inv_freq = 1.0 / theta ** (torch.arange(0, half, 2, dtype=torch.float32) / half)
-    angles = []
-    for t, h, w in grid_thw.tolist():
-        row, col = merge_block_coordinates(h, w, merge)
-        pairs = torch.stack([col[:, None].float() * inv_freq, row[:, None].float() * inv_freq], dim=-1)
-        angles.append(pairs.reshape(h * w, half).repeat(t, 1))
+    angles = [torch.stack([col, row], dim=-1).reshape(len(row), head_dim // 2).repeat(t, 1)
+              for t, row, col in _row_and_column_angles(grid_thw, merge, head_dim, theta)]
     return torch.cat(angles).repeat_interleave(2, dim=-1)
 
 

@@ -7,11 +7,11 @@ from typing import ClassVar, Literal, Optional
 
 from loong_core.config.schema import ModelConfig, component
 from loong_llm.families.common.config import MoEDecoderConfig
-from loong_vlm.config import VisionEncoderConfig, VLMConfig
+from loong_vlm.config import DynamicViTConfig, VLMConfig
 
 
 @dataclass
-class ErnieViTConfig(VisionEncoderConfig):
+class ErnieViTConfig(DynamicViTConfig):
     """ERNIE-4.5-VL's vision tower (a Qwen2-VL-style ViT): a bias-free linear embedding of each
     ``C x patch x patch`` patch (one frame per patch), LayerNorm blocks with a ``quick_gelu`` MLP
     and 2D RoPE (a quarter of each head's frequencies turn with the patch row, a quarter with its
@@ -22,40 +22,16 @@ class ErnieViTConfig(VisionEncoderConfig):
     rows, frame by frame, each frame's patches in merge-block order, with ``[t, h, w]`` grids
     (``data.image_processing=ernie``, as transformers' ERNIE-4.5-VL processors cut them).
 
-    Attributes:
-        num_layers: Transformer blocks (HF ``depth``).
-        hidden_size: Width.
-        num_attention_heads: Heads (HF ``num_heads``); must divide by the TP size.
-        ffn_hidden_size: MLP inner width (HF ``intermediate_size``).
+    Attributes (besides :class:`~loong_vlm.config.DynamicViTConfig`'s; its LayerNorms use HF
+    ``rms_norm_eps`` as ``norm_epsilon``):
         hidden_act: MLP activation (HF ``hidden_act``).
-        spatial_merge_size: Side of the patch block the projector merges.
-        rope_theta: Base of the 2D rotary frequencies.
-        norm_epsilon: LayerNorm epsilon (HF ``rms_norm_eps``, used by its LayerNorms).
-        init_method_std: Std of the normal initialisation.
-        hidden_dropout: Dropout after attention / MLP.
-        attention_dropout: Dropout on attention probabilities.
     """
 
-    dynamic_resolution: ClassVar[bool] = True
     image_processing: ClassVar[str] = "ernie"  # the preprocessing it reads (the data checks it)
 
     patch_size: int = 14
-    num_layers: int = 2
-    hidden_size: int = 64
-    num_attention_heads: int = 4
     ffn_hidden_size: int = 256
     hidden_act: Literal["quick_gelu", "gelu"] = "quick_gelu"
-    spatial_merge_size: int = 2
-    rope_theta: float = 10000.0
-    norm_epsilon: float = 1.0e-6
-    init_method_std: float = 0.02
-    hidden_dropout: float = 0.0
-    attention_dropout: float = 0.0
-
-    def num_patches(self) -> int:
-        """Merged tokens of one ``image_size`` square image (after the projector's merge)."""
-        rows, cols = self.grid()
-        return rows * cols // (self.spatial_merge_size ** 2)
 
 
 @dataclass

@@ -6,11 +6,11 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal, Optional
 
 from loong_core.config.schema import ModelConfig, component
-from loong_vlm.config import VisionEncoderConfig, VLMConfig
+from loong_vlm.config import DynamicViTConfig, VLMConfig
 
 
 @dataclass
-class MoonViTConfig(VisionEncoderConfig):
+class MoonViTConfig(DynamicViTConfig):
     """MoonViT (Kimi-VL / Kimi-K2.5's vision tower): native-resolution patches (Conv2d
     embedding), a learned ``position_grid x position_grid`` position table resampled bicubically
     to each image's patch grid plus a sinusoid per video frame, LayerNorm / GELU blocks with 2D
@@ -23,45 +23,21 @@ class MoonViTConfig(VisionEncoderConfig):
     patch row (``C * patch_size^2`` values) and ``[t, h, w]`` grids whose ``t`` frames form one
     clip (at most ``num_frame_embeddings``).
 
-    Attributes:
-        num_layers: Transformer blocks (HF ``num_hidden_layers``).
-        hidden_size: Width.
-        num_attention_heads: Heads (must divide by the TP size).
-        ffn_hidden_size: MLP inner width (HF ``intermediate_size``).
+    Attributes (besides :class:`~loong_vlm.config.DynamicViTConfig`'s; ``num_layers`` is HF
+    ``num_hidden_layers``, ``spatial_merge_size`` HF ``merge_kernel_size``):
         hidden_act: MLP activation: ``gelu_pytorch_tanh`` or ``gelu``.
-        spatial_merge_size: Side of the patch block the projector merges (HF ``merge_kernel_size``).
         position_grid: Side of the learned position table (HF ``pos_emb_height`` = ``pos_emb_width``).
         num_frame_embeddings: Frames of the temporal sinusoid table (HF ``pos_emb_time``): the
             most frames of one clip.
-        rope_theta: Base of the 2D rotary frequencies.
-        norm_epsilon: LayerNorm epsilon (blocks and final norm).
-        init_method_std: Std of the normal initialisation.
-        hidden_dropout: Dropout after attention / MLP.
-        attention_dropout: Dropout on attention probabilities.
     """
 
-    dynamic_resolution: ClassVar[bool] = True
     image_processing: ClassVar[str] = "navit"  # the preprocessing it reads (the data checks it)
 
     patch_size: int = 14
-    num_layers: int = 2
-    hidden_size: int = 64
-    num_attention_heads: int = 4
-    ffn_hidden_size: int = 128
+    norm_epsilon: float = 1.0e-5
     hidden_act: Literal["gelu_pytorch_tanh", "gelu"] = "gelu_pytorch_tanh"
-    spatial_merge_size: int = 2
     position_grid: int = 64
     num_frame_embeddings: int = 4
-    rope_theta: float = 10000.0
-    norm_epsilon: float = 1.0e-5
-    init_method_std: float = 0.02
-    hidden_dropout: float = 0.0
-    attention_dropout: float = 0.0
-
-    def num_patches(self) -> int:
-        """Merged tokens of one ``image_size`` square image (after the projector's merge)."""
-        rows, cols = self.grid()
-        return rows * cols // (self.spatial_merge_size ** 2)
 
 
 def _moonvit() -> MoonViTConfig:

@@ -6,11 +6,11 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal, Optional
 
 from loong_core.config.schema import ModelConfig, component
-from loong_vlm.config import VisionEncoderConfig, VLMConfig
+from loong_vlm.config import DynamicViTConfig, VLMConfig
 
 
 @dataclass
-class Qwen3ViTConfig(VisionEncoderConfig):
+class Qwen3ViTConfig(DynamicViTConfig):
     """The Qwen3-VL vision tower: dynamic-resolution patches (Conv3d embedding over
     ``temporal_patch_size`` frames), learned position embeddings bilinearly resampled to each
     image's patch grid, 2D rotary embeddings, LayerNorm + GELU MLP blocks with biases, a
@@ -19,50 +19,22 @@ class Qwen3ViTConfig(VisionEncoderConfig):
 
     Inputs follow transformers' Qwen2-VL image processor: patches of all images concatenated,
     each image's patches in merge-block order, with a ``[t, h, w]`` patch grid per image.
-    ``image_size`` only sizes the fixed-resolution bookkeeping of the generic VLM provider.
 
-    Attributes:
-        num_layers: Transformer blocks (HF ``depth``).
-        hidden_size: Width.
-        num_attention_heads: Heads (HF ``num_heads``); must divide by the TP size.
-        ffn_hidden_size: MLP inner width (HF ``intermediate_size``).
+    Attributes (besides :class:`~loong_vlm.config.DynamicViTConfig`'s):
         hidden_act: MLP activation (HF ``hidden_act``): ``gelu_pytorch_tanh`` or ``gelu``.
         temporal_patch_size: Frames per patch (images are repeated to fill it).
-        spatial_merge_size: Side of the block of patches merged into one output token.
         out_hidden_size: Width of the merged tokens (the foundation's hidden size).
         num_position_embeddings: Rows of the learned position table (a square grid).
         deepstack_visual_indexes: Blocks after which features are taken, merged and added to
             the hidden states of the first decoder layers (one decoder layer per index).
-        rope_theta: Base of the 2D rotary frequencies.
-        norm_epsilon: LayerNorm epsilon.
-        init_method_std: Std of the normal initialisation.
-        hidden_dropout: Dropout after attention / MLP.
-        attention_dropout: Dropout on attention probabilities.
     """
 
-    dynamic_resolution: ClassVar[bool] = True  # pixel_values + grid_thw inputs (docs/vlm_inputs.md)
-
     patch_size: int = 16
-    num_layers: int = 2
-    hidden_size: int = 64
-    num_attention_heads: int = 4
-    ffn_hidden_size: int = 128
     hidden_act: Literal["gelu_pytorch_tanh", "gelu"] = "gelu_pytorch_tanh"
     temporal_patch_size: int = 2
-    spatial_merge_size: int = 2
     out_hidden_size: int = 64
     num_position_embeddings: int = 2304
     deepstack_visual_indexes: list[int] = field(default_factory=list)
-    rope_theta: float = 10000.0
-    norm_epsilon: float = 1.0e-6
-    init_method_std: float = 0.02
-    hidden_dropout: float = 0.0
-    attention_dropout: float = 0.0
-
-    def num_patches(self) -> int:
-        """Merged tokens of one ``image_size`` square image (after the patch merger)."""
-        rows, cols = self.grid()
-        return rows * cols // (self.spatial_merge_size ** 2)
 
 
 @dataclass
