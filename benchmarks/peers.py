@@ -37,8 +37,9 @@ WAITING = {
            "next in issue #27 item 1",
     "vla": "VLA (pi05 / groot vs LeRobot's loop): waits for the embodied issue's LeRobot harness",
 }
-DEFAULT_ARMS = {"dense": "loong,transformers", "moe": "loong,loong_ep2,transformers,transformers_eager",
-                "dit": "loong,diffusers"}
+DEFAULT_ARMS = {"dense": "loong,loong_auto,transformers",
+                "moe": "loong,loong_auto,loong_ep2,transformers,transformers_eager",
+                "dit": "loong,loong_auto,diffusers"}
 
 
 def _modality(name: str):

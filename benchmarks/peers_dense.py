@@ -3,7 +3,7 @@
 ``loong``: ``loong train experiment=llama_shakespeare`` (megatron engine) at the shape;
 ``transformers``: ``LlamaForCausalLM`` (SDPA) + torch AdamW + clipping; ``mcore``: the bare
 megatron-core loop on loong's layer spec (what is left between it and ``loong`` is framework
-overhead). See ``throughput.py`` for each arm's details.
+overhead); ``loong_auto``: ``loong`` with its default ``kernels=auto``. See ``throughput.py`` for each arm's details.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ _COMMON = f"AdamW fused, fp32, {os.cpu_count()} threads, random tokens"
 ARMS = {
     "loong": f"`loong train` megatron engine, kernels=torch, optim.implementation=fused, fp32, "
              f"{os.cpu_count()} threads, Shakespeare tokens",
+    "loong_auto": f"the same with kernels=auto (loong's default: per-op picks, may compile), "
+                  f"{os.cpu_count()} threads",
     "transformers": f"LlamaForCausalLM, attn_implementation=sdpa, {_COMMON}",
     "mcore": f"bare megatron-core loop on loong's layer spec, {_COMMON}",
 }
@@ -38,5 +40,6 @@ def describe(shape: dict) -> str:
 
 
 def run(arm: str, shape: dict, steps: int) -> list[float]:
-    throughput.KERNELS, throughput.OPTIMIZER = "torch", "fused"
-    return getattr(throughput, f"arm_{arm}")(shape, steps)
+    throughput.KERNELS = "auto" if arm == "loong_auto" else "torch"
+    throughput.OPTIMIZER = "fused"
+    return getattr(throughput, f"arm_{arm.removesuffix('_auto')}")(shape, steps)

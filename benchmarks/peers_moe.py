@@ -4,6 +4,7 @@
   EP1), step times from its ``metrics.jsonl``;
 * ``loong_ep2``: the same on two ranks with ``parallel.expert_model_parallel_size=2`` (each rank
   half the experts and, data-parallel, half the batch; one thread per rank, so the same two cores);
+* ``loong_auto``: ``loong`` with its default ``kernels=auto`` (per-op picks; may compile);
 * ``transformers``: ``Qwen3MoeForCausalLM`` with its default experts implementation
   (``grouped_mm``: tokens sorted by expert, one grouped GEMM per projection), SDPA attention,
   torch's fused AdamW, clipping, the load-balancing loss (``output_router_logits=True``);
@@ -36,6 +37,7 @@ _COMMON = f"AdamW fused, fp32, {_THREADS} threads, aux loss {AUX}"
 ARMS = {
     "loong": f"`loong train` megatron engine, EP1, SequentialMLP experts, alltoall dispatcher, kernels=torch, "
              f"{_COMMON}",
+    "loong_auto": f"the same with kernels=auto (loong's default), {_THREADS} threads",
     "loong_ep2": f"`loong train` megatron engine, EP2 on 2 ranks x 1 thread (DP2: half the batch per rank), "
                  f"kernels=torch, AdamW fused, fp32, aux loss {AUX}",
     "transformers": f"Qwen3MoeForCausalLM, experts_implementation=grouped_mm (its default), sdpa, {_COMMON}",
@@ -56,11 +58,12 @@ def describe(shape: dict) -> str:
 
 def run(arm: str, shape: dict, steps: int) -> list[float]:
     if arm.startswith("loong"):
-        return _loong(shape, steps, ranks=2 if arm == "loong_ep2" else 1)
+        return _loong(shape, steps, ranks=2 if arm == "loong_ep2" else 1,
+                      kernels="auto" if arm == "loong_auto" else "torch")
     return _transformers(shape, steps, "eager" if arm == "transformers_eager" else "grouped_mm")
 
 
-def _loong(shape: dict, steps: int, ranks: int) -> list[float]:
+def _loong(shape: dict, steps: int, ranks: int, kernels: str) -> list[float]:
     from loong_core.testing import read_metrics, run_train
 
     with tempfile.TemporaryDirectory() as run_dir:
@@ -75,7 +78,7 @@ def _loong(shape: dict, steps: int, ranks: int) -> list[float]:
                    f"trainer.global_batch_size={shape['batch']}", f"trainer.train_iters={steps}",
                    f"optim.lr={OPTIM['lr']}", f"optim.min_lr={OPTIM['lr']}", "optim.lr_warmup_iters=0",
                    f"optim.weight_decay={OPTIM['weight_decay']}", f"optim.clip_grad={OPTIM['clip']}",
-                   "optim.implementation=fused", "kernels=torch", "parallel.mixed_precision=fp32",
+                   "optim.implementation=fused", f"kernels={kernels}", "parallel.mixed_precision=fp32",
                    f"parallel.expert_model_parallel_size={ranks}",
                    "trainer.log_interval=1", "trainer.eval_interval=0", "trainer.eval_at_start=false",
                    "trainer.save_at_end=false", "trainer.progress_bar=false", "trainer.tensorboard=false",
