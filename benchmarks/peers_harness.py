@@ -1,0 +1,91 @@
+"""The harness of ``benchmarks/peers.py``: each arm in a fresh process, arms interleaved round by
+round, warmup steps dropped, median and fastest step per arm, one table per modality.
+
+A modality module (``peers_dense``, ``peers_moe``, ``peers_dit``) provides:
+
+* ``SHAPES``: ``{"default": {...}, "smoke": {...}}``;
+* ``ARMS``: ``{arm: settings}``, the settings printed in the table's last column;
+* ``UNIT``: what a step processes (``"tokens"``, ``"samples"``) and ``units(shape)`` how many;
+* ``describe(shape)``: one line naming the shape;
+* ``run(arm, shape, steps) -> list[float]``: step times in seconds (the first steps included).
+
+The worker side (``--worker``) calls ``run`` and writes the times as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def run_worker(script: str, modality: str, arm: str, shape_name: str, steps: int, extra: Sequence[str] = (),
+               timeout: float = 900) -> list[float]:
+    """Run one arm in a fresh ``python SCRIPT --worker`` process; its step times.
+
+    Raises:
+        RuntimeError: The worker failed; the message holds the last line of its stderr.
+    """
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        cmd = [sys.executable, script, "--worker", modality, arm, "--shape", shape_name, "--steps", str(steps),
+               "--out", out.name, *extra]
+        try:
+            result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                                    env={**os.environ, "OMP_NUM_THREADS": str(os.cpu_count())})
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"{arm} timed out after {timeout:.0f} s") from None
+        if result.returncode:
+            lines = [line for line in result.stderr.strip().splitlines() if line.strip()] or ["no output"]
+            raise RuntimeError(f"{arm} failed: {lines[-1][:200]}")
+        return json.loads(Path(out.name).read_text())
+
+
+def interleave(run_one, arms: Sequence[str], rounds: int, warmup: int) -> tuple[dict, dict]:
+    """Run every arm once per round, in order, ``rounds`` times.
+
+    Args:
+        run_one: ``run_one(arm) -> step times`` (one fresh process).
+        arms: Arm names, in the order of each round.
+        rounds: Rounds.
+        warmup: First steps of each process dropped.
+
+    Returns:
+        ``(times, notes)``: the kept step times of each arm that ran, and for each arm that failed
+        the reason (its last failure).
+    """
+    times: dict[str, list[float]] = {arm: [] for arm in arms}
+    notes: dict[str, str] = {}
+    for _ in range(rounds):
+        for arm in arms:
+            try:
+                times[arm] += run_one(arm)[warmup:]
+            except RuntimeError as exc:
+                notes[arm] = str(exc)
+    return {arm: t for arm, t in times.items() if t}, notes
+
+
+def table(arms: dict[str, str], times: dict[str, list[float]], notes: dict[str, str], units: float,
+          unit: str, baseline: str = "loong") -> list[str]:
+    """Markdown rows: arm, median and fastest s/step, throughput, speed-up of ``baseline`` over the
+    arm (the arm's step time / the baseline's: above 1 means the baseline is faster), the number of
+    timed steps, settings. Arms that did not run show why."""
+    rows = [f"| arm | median s/step | {unit}/s | {baseline} speed-up (median) | fastest s/step "
+            f"| {baseline} speed-up (fastest) | steps | settings |",
+            "|---|---|---|---|---|---|---|---|"]
+    base = times.get(baseline)
+    for arm, settings in arms.items():
+        if arm in times:
+            t = times[arm]
+            median, fastest = statistics.median(t), min(t)
+            ratio = f"{median / statistics.median(base):.2f}x" if base else "n/a"
+            best = f"{fastest / min(base):.2f}x" if base else "n/a"
+            rows.append(f"| {arm} | {median:.3f} | {units / median:.0f} | {ratio} | {fastest:.3f} | {best} "
+                        f"| {len(t)} | {settings} |")
+        elif arm in notes:
+            rows.append(f"| {arm} | - | - | - | - | - | 0 | not run: {notes[arm]} |")
+    return rows
