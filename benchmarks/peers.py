@@ -9,7 +9,10 @@ Modalities (``--modality``; the arms of each are described in its module):
   reference);
 * ``dit`` (``peers_dit.py``): a small Wan transformer, ``loong train experiment=wan_debug`` vs a
   plain diffusers ``WanTransformer3DModel`` flow-matching loop;
-* ``vlm``, ``vla``: not measured yet; their row says what they wait for.
+* ``vlm`` (``peers_vlm.py``): a small Qwen2.5-VL on records with images of mixed sizes, ``loong
+  train`` (packed) vs transformers' ``Qwen2_5_VLForConditionalGeneration`` (its processor, padded
+  batch);
+* ``vla``: not measured yet; its row says what it waits for.
 
 Every arm runs in a fresh process; arms are interleaved round by round (a busy moment of a shared
 machine hits every arm alike); the first ``--warmup`` steps of every process are dropped; the table
@@ -17,7 +20,7 @@ gives the median and the fastest step of each arm and loong's speed-up over it (
 loong's time: above 1 means loong is faster). Same shape, data, batch, optimizer (torch's fused
 AdamW), precision (fp32) and threads (all cores) in every arm; each row states its settings.
 
-Usage: python benchmarks/peers.py [--modality dense moe dit] [--rounds 3] [--steps 8] [--warmup 2]
+Usage: python benchmarks/peers.py [--modality dense moe dit vlm] [--rounds 3] [--steps 8] [--warmup 2]
        [--arms loong,transformers] [--smoke]
 """
 
@@ -31,15 +34,14 @@ from pathlib import Path
 
 import peers_harness
 
-MODALITIES = {"dense": "peers_dense", "moe": "peers_moe", "dit": "peers_dit"}
+MODALITIES = {"dense": "peers_dense", "moe": "peers_moe", "dit": "peers_dit", "vlm": "peers_vlm"}
 WAITING = {
-    "vlm": "VLM (Qwen2.5-VL, mixed image sizes, loong packed vs transformers' padded batch): not measured yet; "
-           "next in issue #27 item 1",
     "vla": "VLA (pi05 / groot vs LeRobot's loop): waits for the embodied issue's LeRobot harness",
 }
 DEFAULT_ARMS = {"dense": "loong,loong_auto,transformers",
                 "moe": "loong,loong_auto,loong_ep2,transformers,transformers_eager",
-                "dit": "loong,loong_auto,diffusers"}
+                "dit": "loong,loong_auto,diffusers",
+                "vlm": "loong,transformers"}
 
 
 def _modality(name: str):
@@ -67,7 +69,7 @@ def _measure(name: str, args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--modality", nargs="+", default=["dense", "moe", "dit"],
+    parser.add_argument("--modality", nargs="+", default=["dense", "moe", "dit", "vlm"],
                         choices=[*MODALITIES, *WAITING])
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (one process per arm each)")
     parser.add_argument("--steps", type=int, default=8, help="steps per process")

@@ -3,7 +3,8 @@
 ``loong``: ``loong train experiment=llama_shakespeare`` (megatron engine) at the shape;
 ``transformers``: ``LlamaForCausalLM`` (SDPA) + torch AdamW + clipping; ``mcore``: the bare
 megatron-core loop on loong's layer spec (what is left between it and ``loong`` is framework
-overhead); ``loong_auto``: ``loong`` with its default ``kernels=auto``. See ``throughput.py`` for each arm's details.
+overhead); ``loong_auto``: ``loong`` with its default ``kernels=auto``; ``loong_bf16``: ``loong`` in bf16
+mixed precision. See ``throughput.py`` for each arm's details.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ ARMS = {
              f"{os.cpu_count()} threads, Shakespeare tokens",
     "loong_auto": f"the same with kernels=auto (loong's default: per-op picks, may compile), "
                   f"{os.cpu_count()} threads",
+    "loong_bf16": "the same in bf16 mixed precision (parallel.mixed_precision=bf16: bf16 weights and compute, "
+                  "fp32 main weights, gradients and Adam state)",
     "transformers": f"LlamaForCausalLM, attn_implementation=sdpa, {_COMMON}",
     "mcore": f"bare megatron-core loop on loong's layer spec, {_COMMON}",
 }
@@ -42,4 +45,5 @@ def describe(shape: dict) -> str:
 def run(arm: str, shape: dict, steps: int) -> list[float]:
     throughput.KERNELS = "auto" if arm == "loong_auto" else "torch"
     throughput.OPTIMIZER = "fused"
-    return getattr(throughput, f"arm_{arm.removesuffix('_auto')}")(shape, steps)
+    throughput.PRECISION = "bf16" if arm == "loong_bf16" else "fp32"
+    return getattr(throughput, f"arm_{arm.removesuffix('_auto').removesuffix('_bf16')}")(shape, steps)

@@ -3,6 +3,7 @@
 * ``loong``: ``loong train experiment=wan_debug`` at the shape (torch engine, one rank, synthetic
   latents and text embeddings), step times from its ``metrics.jsonl``;
 * ``loong_auto``: ``loong`` with its default ``kernels=auto`` (per-op picks; may compile);
+* ``loong_bf16``: ``loong`` in bf16 mixed precision (autocast);
 * ``diffusers``: diffusers' ``WanTransformer3DModel`` with the same arguments in a flow-matching
   loop of the kind diffusers' training examples write (written here with diffusers' own helpers):
   ``compute_density_for_timestep_sampling`` (logit-normal), the timestep and sigma of
@@ -35,6 +36,8 @@ _COMMON = f"AdamW fused, fp32, {_THREADS} threads"
 ARMS = {
     "loong": f"`loong train` torch engine (parallel=ddp, 1 rank), kernels=torch, synthetic latents, {_COMMON}",
     "loong_auto": f"the same with kernels=auto (loong's default), {_THREADS} threads",
+    "loong_bf16": "the same in bf16 mixed precision (parallel.mixed_precision=bf16: autocast compute, fp32 "
+                  "weights, gradients and Adam state)",
     "diffusers": f"WanTransformer3DModel + own loop with diffusers.training_utils helpers, random latents, {_COMMON}",
 }
 
@@ -62,11 +65,12 @@ def model_kwargs(shape: dict) -> dict:
 
 def run(arm: str, shape: dict, steps: int) -> list[float]:
     if arm.startswith("loong"):
-        return _loong(shape, steps, "auto" if arm == "loong_auto" else "torch")
+        return _loong(shape, steps, "auto" if arm == "loong_auto" else "torch",
+                      "bf16" if arm == "loong_bf16" else "fp32")
     return _diffusers(shape, steps)
 
 
-def _loong(shape: dict, steps: int, kernels: str) -> list[float]:
+def _loong(shape: dict, steps: int, kernels: str, precision: str = "fp32") -> list[float]:
     from loong_core.testing import read_metrics, run_train
 
     kwargs = model_kwargs(shape)
@@ -80,7 +84,7 @@ def _loong(shape: dict, steps: int, kernels: str) -> list[float]:
                    f"trainer.train_iters={steps}", f"optim.lr={OPTIM['lr']}", f"optim.min_lr={OPTIM['lr']}",
                    "optim.lr_warmup_iters=0", f"optim.weight_decay={OPTIM['weight_decay']}",
                    f"optim.clip_grad={OPTIM['clip']}", "optim.implementation=fused", f"kernels={kernels}",
-                   "parallel.mixed_precision=fp32", "trainer.log_interval=1", "trainer.eval_interval=0",
+                   f"parallel.mixed_precision={precision}", "trainer.log_interval=1", "trainer.eval_interval=0",
                    "trainer.eval_at_start=false", "trainer.save_at_end=false", "trainer.progress_bar=false",
                    "trainer.tensorboard=false", f"trainer.run_dir={run_dir}"],
                   env={"OMP_NUM_THREADS": str(_THREADS)}, timeout=900)

@@ -62,6 +62,7 @@ OPTIM = dict(lr=2.0e-3, weight_decay=0.1, beta1=0.9, beta2=0.95, eps=1e-8, clip=
 ARMS = ("loong", "mcore", "mcore_local", "transformers", "torchtitan")
 KERNELS = "torch"  # the ``kernels`` config option of the megatron arms (``--kernels``)
 OPTIMIZER = "fused"  # torch's AdamW implementation in every arm (``--optimizer``)
+PRECISION = "fp32"  # ``parallel.mixed_precision`` of the loong arm (``benchmarks/peers.py``'s ``loong_bf16``)
 
 
 def _adamw(params):
@@ -114,6 +115,7 @@ def arm_loong(shape: dict, steps: int) -> list[float]:
                    "trainer.log_interval=1", "trainer.eval_interval=0", "trainer.eval_at_start=false",
                    "trainer.save_at_end=false", "trainer.progress_bar=false", "trainer.tensorboard=false",
                    f"kernels={KERNELS}", f"optim.implementation={OPTIMIZER}",
+                   f"parallel.mixed_precision={PRECISION}",
                    f"trainer.run_dir={run_dir}"], env={"OMP_NUM_THREADS": str(os.cpu_count())})
         return [r["step_time"] for r in sorted(read_metrics(run_dir), key=lambda r: r["step"])]
 
