@@ -141,3 +141,12 @@ def test_grouped_mm_and_padded_bmm_give_each_experts_products(dtype):
         for got, ref in zip(grads, want_grads):
             torch.testing.assert_close(got, ref, **tol)
         assert grads[1][1].abs().max() == 0  # the expert without rows: a zero gradient
+
+
+def test_grouped_mm_support_is_probed_the_same_under_inference_mode():
+    from loong_llm.families.common.grouped_matmul import _probe
+
+    cpu = torch.device("cpu")
+    with torch.inference_mode():
+        assert _probe(cpu, torch.float32, 16, 8)
+    assert _probe(cpu, torch.float32, 16, 8)

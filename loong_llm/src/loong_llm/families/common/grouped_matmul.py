@@ -43,7 +43,7 @@ def _probe(device: torch.device, dtype: torch.dtype, k: int, n: int) -> bool:
     if not hasattr(torch, "_grouped_mm"):
         return False
     try:
-        with torch.enable_grad():
+        with torch.inference_mode(False), torch.enable_grad():  # also when called under either
             x = torch.zeros(16, k, device=device, dtype=dtype, requires_grad=True)
             w = torch.zeros(2, n, k, device=device, dtype=dtype, requires_grad=True)
             offs = torch.tensor([8, 16], device=device, dtype=torch.int32)
