@@ -115,8 +115,9 @@ class GroupedExperts(MegatronModule):
 
             self.swiglu = SeamSwiGLU()  # the kernel seam's activation (kernels.swiglu)
         fc1_rows = self.ffn_per_rank * (2 if self.gated else 1)
-        device = None if config.use_cpu_initialization else torch.cuda.current_device()
-        empty = dict(dtype=config.params_dtype, device=device)
+        # on the default device (the engine moves the model to its device, as with loong's
+        # use_cpu_initialization=True for every family)
+        empty = dict(dtype=config.params_dtype)
         self.fc1_weight = torch.nn.Parameter(torch.empty(num_local_experts, fc1_rows, config.hidden_size, **empty))
         self.fc2_weight = torch.nn.Parameter(torch.empty(num_local_experts, config.hidden_size, self.ffn_per_rank,
                                                          **empty))
