@@ -39,7 +39,7 @@ WAITING = {
     "vla": "VLA (pi05 / groot vs LeRobot's loop): waits for the embodied issue's LeRobot harness",
 }
 DEFAULT_ARMS = {"dense": "loong,loong_auto,transformers",
-                "moe": "loong,loong_auto,loong_ep2,transformers,transformers_eager",
+                "moe": "loong,loong_sequential,loong_auto,loong_ep2,transformers,transformers_eager",
                 "dit": "loong,loong_auto,diffusers",
                 "vlm": "loong,transformers"}
 

@@ -5,6 +5,8 @@
 * ``loong_ep2``: the same on two ranks with ``parallel.expert_model_parallel_size=2`` (each rank
   half the experts and, data-parallel, half the batch; one thread per rank, so the same two cores);
 * ``loong_auto``: ``loong`` with its default ``kernels=auto`` (per-op picks; may compile);
+* ``loong_sequential``: ``loong`` with ``model.moe_grouped_gemm=false``: megatron-core's
+  ``SequentialMLP`` (one megatron ``MLP`` module per expert) instead of loong's grouped experts;
 * ``transformers``: ``Qwen3MoeForCausalLM`` with its default experts implementation
   (``grouped_mm``: tokens sorted by expert, one grouped GEMM per projection), SDPA attention,
   torch's fused AdamW, clipping, the load-balancing loss (``output_router_logits=True``);
@@ -35,8 +37,9 @@ OPTIM = dict(lr=2.0e-3, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-8, clip=1.0)
 _THREADS = os.cpu_count()
 _COMMON = f"AdamW fused, fp32, {_THREADS} threads, aux loss {AUX}"
 ARMS = {
-    "loong": f"`loong train` megatron engine, EP1, SequentialMLP experts, alltoall dispatcher, kernels=torch, "
-             f"{_COMMON}",
+    "loong": f"`loong train` megatron engine, EP1, grouped experts (model.moe_grouped_gemm default), alltoall "
+             f"dispatcher, kernels=torch, {_COMMON}",
+    "loong_sequential": f"the same with model.moe_grouped_gemm=false (SequentialMLP experts), {_THREADS} threads",
     "loong_auto": f"the same with kernels=auto (loong's default), {_THREADS} threads",
     "loong_ep2": f"`loong train` megatron engine, EP2 on 2 ranks x 1 thread (DP2: half the batch per rank), "
                  f"kernels=torch, AdamW fused, fp32, aux loss {AUX}",
@@ -59,11 +62,12 @@ def describe(shape: dict) -> str:
 def run(arm: str, shape: dict, steps: int) -> list[float]:
     if arm.startswith("loong"):
         return _loong(shape, steps, ranks=2 if arm == "loong_ep2" else 1,
-                      kernels="auto" if arm == "loong_auto" else "torch")
+                      kernels="auto" if arm == "loong_auto" else "torch",
+                      extra=["model.moe_grouped_gemm=false"] if arm == "loong_sequential" else [])
     return _transformers(shape, steps, "eager" if arm == "transformers_eager" else "grouped_mm")
 
 
-def _loong(shape: dict, steps: int, ranks: int, kernels: str) -> list[float]:
+def _loong(shape: dict, steps: int, ranks: int, kernels: str, extra: list[str]) -> list[float]:
     from loong_core.testing import read_metrics, run_train
 
     with tempfile.TemporaryDirectory() as run_dir:
@@ -82,7 +86,7 @@ def _loong(shape: dict, steps: int, ranks: int, kernels: str) -> list[float]:
                    f"parallel.expert_model_parallel_size={ranks}",
                    "trainer.log_interval=1", "trainer.eval_interval=0", "trainer.eval_at_start=false",
                    "trainer.save_at_end=false", "trainer.progress_bar=false", "trainer.tensorboard=false",
-                   f"trainer.run_dir={run_dir}"], nproc=ranks,
+                   f"trainer.run_dir={run_dir}", *extra], nproc=ranks,
                   env={"OMP_NUM_THREADS": str(max(1, _THREADS // ranks))}, timeout=900)
         return [r["step_time"] for r in sorted(read_metrics(run_dir), key=lambda r: r["step"])]
 

@@ -1,7 +1,9 @@
 """The families added after the first five train the same under parallelism as on one rank: the
 5-step loss curve of ``experiment=<family>_debug`` at TP2 with sequence parallelism and at
 CP2 x EP2 (EP2 alone where the family refuses CP, with the refusal tested) follows the one-rank
-curve from the same weights (within 2e-5)."""
+curve from the same weights (within 2e-5). The MoE layers run loong's grouped experts (the
+default); ``ep2_sequential`` runs megatron-core's SequentialMLP instead, at EP2 from the grouped
+experts' one-rank checkpoint: the same curve, and each loads the other's checkpoints."""
 
 from __future__ import annotations
 
@@ -15,12 +17,15 @@ LAYOUTS = {  # name: (ranks, overrides, what the banner shows)
     "cp2_ep2": (2, ["parallel.context_parallel_size=2", "parallel.expert_model_parallel_size=2"],
                 "TP=1 PP=1 VPP=1 CP=2 EP=2 DP=1"),
     "ep2": (2, ["parallel.expert_model_parallel_size=2"], "TP=1 PP=1 VPP=1 CP=1 EP=2 DP=2"),
+    "ep2_sequential": (2, ["parallel.expert_model_parallel_size=2", "model.moe_grouped_gemm=false"],
+                       "TP=1 PP=1 VPP=1 CP=1 EP=2 DP=2"),
 }
 # DSA under TP: the hidden states round differently when the matmuls are split, which flips
 # near-tied top-k choices of the indexer (measured: top-16 of 64 keys, indexer loss off, 1e-4 loss
 # drift by step 4), so TP is compared with the indexer selecting every key; EP2 keeps top-16.
 DSA_DENSE = ("model.dsa_indexer_topk=64",)
-CASES = [("glm4_moe", "tp2_sp", ()), ("glm4_moe", "cp2_ep2", ()), ("minimax_m2", "tp2_sp", ()),
+CASES = [("glm4_moe", "tp2_sp", ()), ("glm4_moe", "cp2_ep2", ()), ("glm4_moe", "ep2_sequential", ()),
+         ("minimax_m2", "tp2_sp", ()),
          ("minimax_m2", "cp2_ep2", ()), ("deepseek_v32", "tp2_sp", DSA_DENSE),
          ("deepseek_v32", "ep2", ()), ("deepseek_v2", "tp2_sp", ()), ("deepseek_v2", "cp2_ep2", ()),
          ("qwen3_next", "tp2_sp", ()), ("qwen3_next", "ep2", ()), ("qwen3_5", "tp2_sp", ()),

@@ -35,11 +35,12 @@ class PartsRuleSet:
         self.rules = [rule for part in parts for rule in part.rules]
         self._owner = {rule: part for part in parts for rule in part.rules}
 
-    def match(self, loong_name: str) -> tuple[Rule, list[str]]:
-        """The rule of ``loong_name`` and its concrete HF names; KeyError when none matches."""
+    def match(self, loong_name: str, experts: range | None = None) -> tuple[Rule, list[str]]:
+        """The rule of ``loong_name`` and its concrete HF names (a stacked expert rule's for
+        ``experts``, see :meth:`RuleSet.match`); KeyError when none matches."""
         for part in self.parts:
             try:
-                return part.match(loong_name)
+                return part.match(loong_name, experts)
             except KeyError:
                 continue
         raise KeyError(loong_name)

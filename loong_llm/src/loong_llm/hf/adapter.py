@@ -92,7 +92,8 @@ class HFAdapter:
         shape = Shape(num_heads=cfg.num_attention_heads,
                       num_groups=cfg.num_query_groups or cfg.num_attention_heads,
                       head_dim=cfg.head_dim(), vocab_size=cfg.vocab_size,
-                      rope_dim=getattr(cfg, "qk_pos_emb_head_dim", 0))
+                      rope_dim=getattr(cfg, "qk_pos_emb_head_dim", 0),
+                      num_experts=getattr(cfg, "num_experts", 0) or 0)
         return RuleSet(self.rules(cfg), shape)
 
     def export_stacker(self, cfg):

@@ -38,6 +38,17 @@ def global_names(chunk) -> dict[str, str]:
     return names
 
 
+def _local_experts(name: str, tensor) -> range | None:
+    """The global experts of a stacked (grouped) expert weight on this expert-parallel rank."""
+    if not name.endswith(("experts.fc1_weight", "experts.fc2_weight")):
+        return None
+    from megatron.core import parallel_state as ps
+
+    local = tensor.shape[0]
+    first = ps.get_expert_model_parallel_rank() * local
+    return range(first, first + local)
+
+
 def _tp(name: str, tensor) -> tuple[int | None, int, int]:
     """``(partition_dim, rank, size)`` of a TP-sharded tensor (experts use the expert-TP group)."""
     from megatron.core import parallel_state as ps
@@ -91,7 +102,7 @@ class HFParts:
         """The tensor parameter ``key`` holds on this rank, in the HF file's dtype."""
         glob, target = self.targets[key]
         try:
-            rule, hf_names = self.rules.match(glob)
+            rule, hf_names = self.rules.match(glob, experts=_local_experts(glob, target))
         except KeyError:
             raise CheckpointError(f"no HF mapping for parameter {glob!r} of the '{self.adapter.family}' "
                                   f"family (a config option its adapter does not cover).") from None

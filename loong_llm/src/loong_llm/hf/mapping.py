@@ -21,6 +21,14 @@ make up one loong tensor and how (``kind``):
   megatron-core's MLA expects them in interleaved pairs (DeepSeek's original layout) and
   de-interleaves at run time; a checkpoint in the half-split layout (``rope_interleave=false``) is
   interleaved on the way in (row ``2i`` <- ``i``, ``2i+1`` <- ``d/2+i``) and split back on export.
+
+Routed experts have two loong layouts (``model.moe_grouped_gemm``): megatron-core's
+``SequentialMLP`` (``...experts.local_experts.{e}.linear_fc1.weight``, one tensor per expert, what
+the families' rules name) and loong's grouped experts (``...experts.fc1_weight``, all of a rank's
+experts stacked on a first axis). :class:`RuleSet` derives a *stacked* twin of every per-expert
+``linear_fc1`` / ``linear_fc2`` rule: the same HF names and transform for each expert, the results
+stacked; the twin's HF names cover all experts (:attr:`Shape.num_experts`) or a given range of
+them (an expert-parallel rank's).
 """
 
 from __future__ import annotations
@@ -46,6 +54,8 @@ class Rule:
             rules of one HF tensor.
         sections: ``grouped`` only: one group's rows in each section; with several HF tensors
             a tuple per tensor (its sections, in order).
+        stacked: The loong tensor stacks experts on a first axis; ``hf`` are one expert's
+            names (with ``{e}``), repeated for each expert.
     """
 
     loong: str
@@ -55,6 +65,7 @@ class Rule:
     block: int = 0
     also: tuple[str, ...] = ()
     sections: tuple[int, ...] = ()
+    stacked: bool = False
 
     def regex(self) -> re.Pattern:
         """Pattern matching concrete loong names of this rule."""
@@ -72,6 +83,7 @@ class Shape:
         head_dim: Per-head width.
         vocab_size: True vocabulary (HF rows).
         rope_dim: RoPE width of ``rope_rows`` tensors.
+        num_experts: Routed experts per layer (the HF names of a stacked rule).
     """
 
     num_heads: int
@@ -79,6 +91,23 @@ class Shape:
     head_dim: int
     vocab_size: int
     rope_dim: int = 0
+    num_experts: int = 0
+
+
+_PER_EXPERT = {"local_experts.{e}.linear_fc1.weight": "fc1_weight",
+               "local_experts.{e}.linear_fc2.weight": "fc2_weight"}
+
+
+def stacked_twins(rules: list[Rule]) -> list[Rule]:
+    """The stacked (grouped-experts) rule of each per-expert ``linear_fc1`` / ``linear_fc2`` rule."""
+    from dataclasses import replace
+
+    twins = []
+    for rule in rules:
+        for per_expert, grouped in _PER_EXPERT.items():
+            if rule.loong.endswith(per_expert) and not rule.stacked:
+                twins.append(replace(rule, loong=rule.loong[: -len(per_expert)] + grouped, stacked=True))
+    return twins
 
 
 def _per_tensor(rule: Rule) -> tuple[tuple[int, ...], ...]:
@@ -92,17 +121,23 @@ class RuleSet:
     """The rules of one model, with lookup from concrete loong names."""
 
     def __init__(self, rules: list[Rule], shape: Shape):
-        self.rules = list(rules)
+        self.rules = [*rules, *stacked_twins(rules)]
         self.shape = shape
         self._compiled = [(rule, rule.regex()) for rule in self.rules]
 
-    def match(self, loong_name: str) -> tuple[Rule, list[str]]:
-        """The rule of ``loong_name`` and its concrete HF names; KeyError when none matches."""
+    def match(self, loong_name: str, experts: range | None = None) -> tuple[Rule, list[str]]:
+        """The rule of ``loong_name`` and its concrete HF names; KeyError when none matches.
+
+        A stacked rule's names are those of ``experts`` (default: all ``Shape.num_experts``),
+        expert by expert."""
         for rule, regex in self._compiled:
             m = regex.match(loong_name)
             if m:
                 values = m.groupdict()
-                return rule, [h.format(**values) for h in rule.hf]
+                if not rule.stacked:
+                    return rule, [h.format(**values) for h in rule.hf]
+                experts = range(self.shape.num_experts) if experts is None else experts
+                return rule, [h.format(**values, e=e) for e in experts for h in rule.hf]
         raise KeyError(loong_name)
 
     def export_names(self, loong_name: str) -> tuple[Rule, list[str]]:
@@ -110,6 +145,13 @@ class RuleSet:
         rule, names = self.match(loong_name)
         values = rule.regex().match(loong_name).groupdict()
         return rule, [*names, *(a.format(**values) for a in rule.also)]
+
+    @staticmethod
+    def per_expert(rule: Rule) -> Rule:
+        """The rule of one expert of a stacked rule."""
+        from dataclasses import replace
+
+        return replace(rule, stacked=False)
 
     def _rope_perm(self, rule: Rule, inverse: bool):
         import torch
@@ -130,6 +172,9 @@ class RuleSet:
         """Full (unsharded) loong tensor from the HF tensors; ``rows``: padded vocabulary."""
         import torch
 
+        if rule.stacked:
+            one, k = self.per_expert(rule), len(rule.hf)
+            return torch.stack([self.to_loong(one, tensors[i: i + k]) for i in range(0, len(tensors), k)])
         if rule.kind == "copy":
             return tensors[0]
         if rule.kind == "vocab":
@@ -177,6 +222,9 @@ class RuleSet:
         return tensors + tensors[:1] * len(rule.also)
 
     def _to_hf(self, rule: Rule, full) -> list:
+        if rule.stacked:
+            one = self.per_expert(rule)
+            return [t for expert in full for t in self._to_hf(one, expert)]
         if rule.kind == "copy":
             return [full]
         if rule.kind == "vocab":
@@ -219,6 +267,11 @@ class RuleSet:
         """This TP rank's part of ``full`` (``partition_dim`` None: replicated)."""
         if partition_dim is None or size == 1:
             return full
+        if rule.stacked:  # each expert's part (partition_dim counts the expert axis)
+            import torch
+
+            one = RuleSet.per_expert(rule)
+            return torch.stack([RuleSet.shard(one, expert, partition_dim - 1, rank, size) for expert in full])
         if rule.kind == "gate_up":
             import torch
 

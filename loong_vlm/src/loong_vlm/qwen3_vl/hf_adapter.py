@@ -74,7 +74,8 @@ class Qwen3VLHFAdapter(VLMHFAdapter):
                                           hf=tuple(map(text_hf_name, rule.hf)))
                       for rule in self.text.rules(f)]
         shape = Shape(num_heads=f.num_attention_heads, num_groups=f.num_query_groups or f.num_attention_heads,
-                      head_dim=f.head_dim(), vocab_size=f.vocab_size)
+                      head_dim=f.head_dim(), vocab_size=f.vocab_size,
+                      num_experts=getattr(f, "num_experts", 0) or 0)
         vision = vision_rule_set(e.num_attention_heads, e.hidden_size // e.num_attention_heads,
                                  len(e.deepstack_visual_indexes))
         return PartsRuleSet([RuleSet(text_rules, shape), vision])

@@ -223,6 +223,11 @@ class MoEDecoderConfig(DecoderConfig):
         moe_router_load_balancing_type: ``aux_loss``, ``seq_aux_loss`` or ``none``.
         moe_aux_loss_coeff: Weight of the load-balancing loss.
         moe_token_dispatcher_type: megatron-core dispatcher: ``alltoall`` or ``allgather``.
+        moe_grouped_gemm: Routed experts as grouped matrix products (loong's
+            :class:`~loong_llm.families.common.grouped_experts.GroupedExperts`: two GEMMs per
+            layer over all experts) instead of megatron-core's ``SequentialMLP`` (a module per
+            expert); ``auto`` takes the grouped experts wherever the model's options allow them.
+            Same numbers and checkpoints either way (Megatron's ``--moe-grouped-gemm``).
     """
 
     num_experts: int = positive(4)
@@ -240,6 +245,7 @@ class MoEDecoderConfig(DecoderConfig):
     moe_router_load_balancing_type: str = "aux_loss"
     moe_aux_loss_coeff: float = non_negative(1.0e-3)
     moe_token_dispatcher_type: str = "alltoall"
+    moe_grouped_gemm: Union[bool, Literal["auto"]] = "auto"
 
     def check(self, run, path: str) -> None:
         """Dense rules plus experts against EP and the router's top-k."""

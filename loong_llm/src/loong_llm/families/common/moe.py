@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from loong_core.errors import ConfigError
 from loong_llm.families.common.provider import DecoderProvider
 from loong_llm.hf.mapping import Rule
 
@@ -56,8 +57,9 @@ class RouterStats:
 
 
 class MoEProvider(DecoderProvider):
-    """A decoder whose MLPs are megatron-core MoE layers (SequentialMLP experts, top-k router,
-    alltoall/allgather token dispatcher, expert parallel via ``parallel.expert_model_parallel_size``)."""
+    """A decoder whose MLPs are megatron-core MoE layers (top-k router, alltoall/allgather token
+    dispatcher, expert parallel via ``parallel.expert_model_parallel_size``) whose routed experts
+    are loong's grouped experts or megatron-core's ``SequentialMLP`` (``model.moe_grouped_gemm``)."""
 
     reported_metrics = ("loss", *ROUTER_METRICS)
 
@@ -83,8 +85,24 @@ class MoEProvider(DecoderProvider):
             moe_router_load_balancing_type=c.moe_router_load_balancing_type,
             moe_aux_loss_coeff=c.moe_aux_loss_coeff,
             moe_token_dispatcher_type=c.moe_token_dispatcher_type,
+            # megatron-core's grouped classes need TransformerEngine or the CUDA grouped_gemm
+            # package; loong's grouped experts come in through layer_spec instead.
             moe_grouped_gemm=False,
         )
+
+    def grouped_experts(self, config) -> bool:
+        """Whether the routed experts are loong's grouped experts (``model.moe_grouped_gemm``;
+        ``auto``: wherever the options allow them)."""
+        from loong_llm.families.common.grouped_experts import unsupported_reason
+
+        choice = self.config.moe_grouped_gemm
+        reason = unsupported_reason(config)
+        if choice is True and reason is not None:
+            raise ConfigError(f"model.moe_grouped_gemm=true: loong's grouped experts do not support "
+                              f"{reason}; set model.moe_grouped_gemm=false (or auto).")
+        if choice == "auto" and reason is not None:
+            logger.info("model.moe_grouped_gemm=auto: SequentialMLP experts (%s)", reason)
+        return choice is True or (choice == "auto" and reason is None)
 
     def megatron_config(self, parallel_kwargs: dict):
         config = super().megatron_config(parallel_kwargs)
@@ -110,11 +128,17 @@ class MoEProvider(DecoderProvider):
         return config
 
     def layer_spec(self, config, vp_stage):
-        """Block spec: dense or MoE layers by ``moe_layer_freq``, local modules."""
+        """Block spec: dense or MoE layers by ``moe_layer_freq``, local modules, the routed
+        experts grouped when :meth:`grouped_experts` says so."""
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 
-        return get_gpt_decoder_block_spec(config, use_transformer_engine=False,
+        spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False,
                                           normalization="RMSNorm", vp_stage=vp_stage)
+        if self.grouped_experts(config):
+            from loong_llm.families.common.grouped_experts import GroupedExperts, replace_sequential_experts
+
+            replace_sequential_experts(spec, GroupedExperts)
+        return spec
 
     def build_megatron_model(self, config, pre_process, post_process, vp_stage):
         model = super().build_megatron_model(config, pre_process, post_process, vp_stage)
