@@ -60,4 +60,4 @@ def lerobot(session):
     session.install("-r", "requirements-dev.txt")
     session.install("-e", "loong_core", "-e", "loong_embodied[vla]")
     session.run("python", "tools/build_lerobot_venv.py")
-    session.run("pytest", "-m", "lerobot", "-rs", *session.posargs)
+    session.run("pytest", "-m", "lerobot", "-rs", "loong_embodied/tests", *session.posargs)
