@@ -50,3 +50,14 @@ def isolated(session, package):
             session.install("-e", required)
         session.install("-e", package + EXTRAS.get(package, ""))
     session.run("pytest", f"{package}/tests", *session.posargs)
+
+
+@nox.session
+def lerobot(session):
+    """The policies against LeRobot 0.4.4: builds its reference venv (tools/build_lerobot_venv.py; cached,
+    about 8 GiB and 3-4 minutes the first time) and runs the tests marked ``lerobot``. Not in CI's run."""
+    session.install(TORCH)
+    session.install("-r", "requirements-dev.txt")
+    session.install("-e", "loong_core", "-e", "loong_embodied[vla]")
+    session.run("python", "tools/build_lerobot_venv.py")
+    session.run("pytest", "-m", "lerobot", "-rs", "loong_embodied/tests", *session.posargs)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +31,58 @@ def lerobot_metaworld() -> Path:
         pytest.fail(f"{METAWORLD_V3} is missing: it ships with the repository (tests/data); restore "
                     "it from git or point LOONG_SHARED_DATA at a folder holding lerobot_metaworld_v3/")
     return METAWORLD_V3
+
+
+def _reference_venv_tools():
+    """``tools/build_lerobot_venv.py`` as a module (None outside a repository checkout)."""
+    path = Path(__file__).resolve().parents[2] / "tools" / "build_lerobot_venv.py"
+    if not path.is_file():
+        return None
+    spec = importlib.util.spec_from_file_location("_loong_build_lerobot_venv", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# Located at import, before any fixture points $LOONG_CACHE at a session folder.
+_VENV_TOOLS = _reference_venv_tools()
+LEROBOT_VENV = _VENV_TOOLS.venv_dir() if _VENV_TOOLS else None
+LEROBOT_DRIVERS = Path(__file__).resolve().parent / "lerobot_ref"
+
+
+class LeRobotReference:
+    """Runs a driver of ``lerobot_ref/`` with the LeRobot venv's python, offline, in a subprocess."""
+
+    def __init__(self, venv: Path):
+        self.python = _VENV_TOOLS.venv_python(venv)
+        self.versions = _VENV_TOOLS.read_marker(venv)["versions"]
+
+    def run(self, driver: str, out: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+        """``python lerobot_ref/<driver>.py OUT ARGS...``; fails the test with its stderr on a non-zero exit."""
+        env = {key: value for key, value in os.environ.items() if not key.startswith(("PYTHON", "LOONG_"))}
+        env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HOME=str(out / "hf-home"),
+                   HF_LEROBOT_HOME=str(out / "lerobot-home"), CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1",
+                   WANDB_MODE="disabled")
+        proc = subprocess.run([str(self.python), str(LEROBOT_DRIVERS / f"{driver}.py"), str(out), *args],
+                              capture_output=True, text=True, timeout=timeout, env=env)
+        if proc.returncode:
+            pytest.fail(f"LeRobot driver {driver} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+        return proc
+
+    def run_json(self, driver: str, out: Path, *args: str) -> dict:
+        """:meth:`run` for a driver that prints one JSON object as its last line."""
+        return json.loads(self.run(driver, out, *args).stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def lerobot_reference() -> LeRobotReference:
+    """The LeRobot 0.4.4 reference venv; the test is skipped, saying how to build it, when it is absent."""
+    if _VENV_TOOLS is None:
+        pytest.skip("LeRobot reference venv: tools/build_lerobot_venv.py is not here (not a repository checkout)")
+    if not _VENV_TOOLS.is_built(LEROBOT_VENV):
+        pytest.skip(f"LeRobot reference venv absent ({LEROBOT_VENV}): run python tools/build_lerobot_venv.py "
+                    f"(or point ${_VENV_TOOLS.VENV_ENV} at one)")
+    return LeRobotReference(LEROBOT_VENV)
 
 
 def make_frames(seed: int = 0) -> list[list[dict]]:

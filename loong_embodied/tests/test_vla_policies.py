@@ -91,13 +91,22 @@ def test_sampling_gives_action_chunks_in_the_action_range(make):
 
 
 @pytest.mark.parametrize("make", [pi05, groot], ids=["pi05", "groot"])
-def test_padded_actions_do_not_change_the_loss(make):
+def test_the_loss_averages_only_the_actions_that_are_not_padding(make):
+    # Padded actions still enter the noisy chunk the action tokens attend to (as in LeRobot), so
+    # their values may move other predictions; what padding must not do is count in the loss.
     provider = make()
     model = provider.build_torch_model()
-    b = {**batch(), "action_is_pad": torch.tensor([[False] * 4, [False, False, True, True], *[[False] * 4] * 2])}
-    other = {**b, "action": b["action"].clone()}
-    other["action"][1, 2:] += 100.0
-    torch.testing.assert_close(provider.torch_forward_step(model, b)[0], provider.torch_forward_step(model, other)[0])
+    pad = torch.tensor([[False] * 4, [False, False, True, True], *[[False] * 4] * 2])
+    b = {**batch(), "action_is_pad": pad}
+    loss_sum, count, _ = provider.torch_forward_step(model, b)
+    actions = flow.chunk_actions(b)
+    noise, t = flow.flow_draws(actions, b["noise_seed"], provider.flow_time)
+    x_t, target = flow.interpolate(actions, noise, t)
+    err = (model(b, x_t, t) - target).pow(2)
+    expected = torch.stack([err[i][~pad[i]].mean() for i in range(4)]).sum()
+    assert float(count) == 4.0
+    torch.testing.assert_close(loss_sum, expected)
+    assert not torch.allclose(loss_sum, err.mean(dim=(1, 2)).sum())      # the padded entries would change it
 
 
 @pytest.mark.parametrize("make", [pi05, groot], ids=["pi05", "groot"])
@@ -137,3 +146,27 @@ def test_timestep_distributions_weight_noisy_times():
 def test_bad_backbone_type_names_the_key():
     with pytest.raises(ConfigError, match="model.backbone_type"):
         pi05(backbone_type="gpt2").build_torch_model()
+
+
+def test_pi05_attention_follows_pi05_action_tokens_see_each_other_and_the_prefix_never_sees_them():
+    """LeRobot's pi05 (its ``att_masks``: 0 for the prefix, then 1, 0, 0, ... for the actions)."""
+    torch.manual_seed(0)
+    model = pi05().build_torch_model().eval()
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    b, t = batch(), torch.rand(4)
+    x_t = torch.randn(4, 4, 2)
+    prefix = model.encode_prefix(b)
+    v, kvs = model.run_layers(prefix, x_t, t)
+    _, prefix_only = model.run_layers(prefix, None, None)
+    for (k, v_), (k0, v0) in zip(kvs, prefix_only):
+        assert torch.equal(k, k0) and torch.equal(v_, v0)
+    later = x_t.clone()
+    later[:, -1] += 1.0
+    assert (model.run_layers(prefix, later, t)[0][:, 0] - v[:, 0]).abs().max() > 1e-4   # the first sees the last
+
+
+def test_pi05_time_is_pi0s_beta_scaled_to_0p001_1():
+    """LeRobot's ``sample_time``: ``Beta(1.5, 1) * 0.999 + 0.001``, by its inverse CDF."""
+    u = torch.tensor([0.0, 0.125, 1.0])
+    torch.testing.assert_close(flow.pi0_time(u), torch.tensor([0.001, 0.001 + 0.999 * 0.25, 1.0]))

@@ -16,8 +16,8 @@ def loong_register_models(register):
                          "action expert sharing attention layer by layer, flow matching over action chunks")
     register("groot", "loong_embodied.policies.groot.model:GrootProvider",
              config="loong_embodied.policies.groot.config:GrootConfig", engines=("torch",),
-             description="GR00T-N1.6-style VLA: middle-layer VLM features (frozen by default) and a DiT "
-                         "flow-matching action head with AdaLN-zero and cross-attention")
+             description="GR00T-N1.5-style VLA: middle-layer VLM features (frozen by default) and a DiT "
+                         "flow-matching action head laid out as LeRobot's GR00T N1.5")
 
 
 @hookimpl

@@ -1,4 +1,4 @@
-"""Config of the GR00T-N1.6-style policy (light: no torch import)."""
+"""Config of the GR00T-N1.5-style policy (light: no torch import)."""
 
 from __future__ import annotations
 
@@ -10,17 +10,23 @@ from loong_embodied.policies.common.config import VLAConfig
 @dataclass
 class GrootConfig(VLAConfig):
     """VLM features (SigLIP + decoder, cut after ``num_layers`` layers: the "middle layer" GR00T
-    reads) conditioning a DiT flow-matching action head.
+    reads) conditioning a DiT flow-matching action head laid out as GR00T N1.5's in LeRobot 0.4.4.
 
     Attributes:
         tune_backbone: Train the vision tower, projector and language model too (GR00T trains
             only the action head by default: False freezes them, with DDP and FSDP2 alike).
         head_hidden_size: Width of the DiT and its encoders.
         head_layers: DiT blocks, alternating cross-attention to the VLM features (even) and
-            self-attention over the state and action tokens (odd).
+            self-attention over the state, future and action tokens (odd).
         head_heads: Attention heads of the DiT.
-        time_embedding_dim: Sinusoidal timestep embedding width.
+        time_embedding_dim: Sinusoidal timestep embedding width (the DiT's timestep input).
         noise_s: The ``s`` of GR00T's timestep distribution (flow times above ``s`` are not drawn).
+        timestep_buckets: The network sees the integer step ``floor((1 - t) * timestep_buckets)``.
+        future_tokens: Learned tokens between the state token and the action tokens (GR00T's
+            ``num_target_vision_tokens``).
+        vl_layers: Self-attention blocks over the normalised VLM features before the DiT reads
+            them (GR00T's ``vl_self_attention``; 0: none).
+        vl_heads: Attention heads of those blocks (they must divide ``hidden_size``).
     """
 
     tune_backbone: bool = False
@@ -29,4 +35,8 @@ class GrootConfig(VLAConfig):
     head_heads: int = 32
     time_embedding_dim: int = 256
     noise_s: float = 0.999
+    timestep_buckets: int = 1000
+    future_tokens: int = 32
+    vl_layers: int = 4
+    vl_heads: int = 16
     num_inference_steps: int = 4

@@ -1,4 +1,13 @@
-"""The DiT action head: blocks with AdaLN-zero time conditioning, alternating cross- and self-attention."""
+"""GR00T N1.5's transformers: the DiT action head and the self-attention stack over the VLM features.
+
+Both are made of one pre-norm block: LayerNorm, attention (biased projections), residual,
+LayerNorm, GELU(tanh) MLP four times wider, residual; no gates. In the DiT the first norm is
+adaptive (scale and shift from the timestep embedding, no affine weights), the second plain, and
+the blocks alternate cross-attention to the VLM features (even) and self-attention over the state,
+future and action tokens (odd); an adaptive LayerNorm and a projection close it. The VLM
+features pass through plain (affine) blocks first. The layout, names aside, is LeRobot 0.4.4's
+GR00T N1.5 action head (``tests/test_lerobot_groot.py`` checks it weight for weight).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +16,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from loong_core.kernels.torch_modules import norm_modulate
-from loong_embodied.policies.common.conditioning import AdaLayerNormZero
 
 
 class Attention(nn.Module):
@@ -36,31 +44,59 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(1, 2).flatten(2))
 
 
-class DiTBlock(nn.Module):
-    """AdaLN-zero attention (cross to the VLM features, or self) then AdaLN-zero MLP, gated residuals."""
+class AdaLayerNorm(nn.Module):
+    """LayerNorm without affine weights, scaled and shifted by ``linear(silu(cond))`` (scale first)."""
 
-    def __init__(self, width: int, num_heads: int, cond_dim: int, context_dim: int | None):
+    def __init__(self, width: int, cond_dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.norm = nn.LayerNorm(width, eps=eps, elementwise_affine=False)
+        self.linear = nn.Linear(cond_dim, 2 * width)
+
+    def forward(self, x: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
+        scale, shift = self.linear(F.silu(cond))[:, None].chunk(2, dim=-1)
+        return norm_modulate(self.norm, x, shift, scale)
+
+
+class Block(nn.Module):
+    """Pre-norm attention + MLP block; adaptive first norm when ``cond_dim`` is given, cross-attention
+    to a context when ``context_dim`` is given."""
+
+    def __init__(self, width: int, num_heads: int, cond_dim: int | None = None, context_dim: int | None = None):
         super().__init__()
         self.cross = context_dim is not None
-        self.attn_norm = AdaLayerNormZero(width, cond_dim)
+        affine = cond_dim is None                 # the DiT's norms have no weights of their own
+        self.attn_norm = AdaLayerNorm(width, cond_dim) if cond_dim else nn.LayerNorm(width)
         self.attn = Attention(width, num_heads, context_dim)
-        self.mlp_norm = AdaLayerNormZero(width, cond_dim)
+        self.mlp_norm = nn.LayerNorm(width, elementwise_affine=affine)
         self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(approximate="tanh"), nn.Linear(4 * width, width))
 
-    def forward(self, x: torch.Tensor, cond: torch.Tensor, context: torch.Tensor,
-                context_valid: torch.Tensor) -> torch.Tensor:
-        h, gate = self.attn_norm(x, cond)
-        x = x + gate * (self.attn(h, context, context_valid) if self.cross else self.attn(h))
-        h, gate = self.mlp_norm(x, cond)
-        return x + gate * self.mlp(h)
+    def forward(self, x: torch.Tensor, cond: torch.Tensor | None = None, context: torch.Tensor | None = None,
+                context_valid: torch.Tensor | None = None) -> torch.Tensor:
+        h = self.attn_norm(x, cond) if cond is not None else self.attn_norm(x)
+        x = x + (self.attn(h, context, context_valid) if self.cross else self.attn(h))
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class SelfAttentionStack(nn.Module):
+    """``layers`` plain self-attention :class:`Block` over the VLM features (GR00T's ``vl_self_attention``)."""
+
+    def __init__(self, width: int, layers: int, num_heads: int):
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(width, num_heads) for _ in range(layers))
+
+    def forward(self, x: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x, context_valid=valid)
+        return x
 
 
 class DiT(nn.Module):
-    """``layers`` :class:`DiTBlock` (even: cross-attention, odd: self-attention) and an AdaLN output layer."""
+    """``layers`` time-conditioned :class:`Block` (even: cross-attention, odd: self-attention) and an
+    adaptive-LayerNorm output projection."""
 
     def __init__(self, width: int, layers: int, num_heads: int, context_dim: int):
         super().__init__()
-        self.blocks = nn.ModuleList(DiTBlock(width, num_heads, width, context_dim if i % 2 == 0 else None)
+        self.blocks = nn.ModuleList(Block(width, num_heads, width, context_dim if i % 2 == 0 else None)
                                     for i in range(layers))
         self.out_norm = nn.LayerNorm(width, elementwise_affine=False, eps=1e-6)
         self.out_modulation = nn.Sequential(nn.SiLU(), nn.Linear(width, 2 * width))
@@ -69,6 +105,6 @@ class DiT(nn.Module):
     def forward(self, x: torch.Tensor, cond: torch.Tensor, context: torch.Tensor,
                 context_valid: torch.Tensor) -> torch.Tensor:
         for block in self.blocks:
-            x = block(x, cond, context, context_valid)
+            x = block(x, cond, context, context_valid) if block.cross else block(x, cond)
         shift, scale = self.out_modulation(cond)[:, None].chunk(2, dim=-1)
         return self.proj_out(norm_modulate(self.out_norm, x, shift, scale))

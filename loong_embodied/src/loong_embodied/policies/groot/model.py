@@ -1,16 +1,20 @@
-"""GR00T-N1.6-style vision-language-action policy on the torch engine.
+"""GR00T-N1.5-style vision-language-action policy on the torch engine.
 
 Backbone: SigLIP patch tokens of each camera and the instruction's byte tokens run through a
 transformers decoder (Llama / Qwen2 layout) built with only ``num_layers`` layers, so its output is
-the "middle layer" features GR00T N1.x conditions on; a LayerNorm follows. With
-``tune_backbone=false`` (GR00T's default) the backbone is frozen (no gradients, run without
-autograd) and only the action head trains.
+the "middle layer" features GR00T conditions on. With ``tune_backbone=false`` (GR00T's default)
+the backbone is frozen (no gradients, run without autograd) and only the action head trains.
 
-Action head: a state encoder (one token), an action encoder mixing each noisy action with the
-timestep embedding (plus learned chunk positions), and a DiT whose blocks alternate
-cross-attention to the backbone features and self-attention, conditioned on the timestep through
-AdaLN-zero; a decoder maps the action tokens to velocities. Flow matching with GR00T N1's timestep
-distribution; Euler sampling with ``num_inference_steps`` steps.
+Action head, laid out as LeRobot 0.4.4's GR00T N1.5 head (``FlowmatchingActionHead``, one
+embodiment): the features are LayerNorm-ed and pass ``vl_layers`` self-attention blocks; a state
+encoder (one token, ReLU MLP), ``future_tokens`` learned tokens and an action encoder mixing each
+noisy action with its timestep embedding (plus learned chunk positions) form the DiT's input; the
+DiT alternates cross-attention to the features and self-attention, conditioned on the timestep
+through adaptive LayerNorm; a ReLU decoder maps the action tokens to velocities. Flow matching
+with GR00T's timestep distribution, the network seeing integer timestep buckets; Euler sampling
+with ``num_inference_steps`` steps. Time runs as in :mod:`~loong_embodied.policies.common.flow`
+(``t = 1`` is noise, velocity ``noise - actions``), the reverse of GR00T's: the checkpoint adapter
+(:mod:`~loong_embodied.policies.groot.lerobot_adapter`) negates the decoder's last layer.
 """
 
 from __future__ import annotations
@@ -20,20 +24,22 @@ from typing import Any
 import torch
 from torch import nn
 
+from loong_core.errors import ConfigError
 from loong_embodied.policies.common import flow, tokens
 from loong_embodied.policies.common.backbone import VisionEncoder, build_language_model
 from loong_embodied.policies.groot.config import GrootConfig
-from loong_embodied.policies.groot.dit import DiT
+from loong_embodied.policies.groot.dit import DiT, SelfAttentionStack
+from loong_embodied.policies.groot.embeddings import action_time_embedding, dit_time_embedding, timestep_buckets
 from loong_embodied.policies.provider_base import FlowMatchingVLAProvider
 
 
-def mlp(dims: list[int]) -> nn.Sequential:
-    """Linear layers of ``dims`` with SiLU between them."""
+def mlp(dims: list[int], activation: type[nn.Module] = nn.SiLU) -> nn.Sequential:
+    """Linear layers of ``dims`` with ``activation`` between them."""
     layers: list[nn.Module] = []
     for i in range(len(dims) - 1):
         layers.append(nn.Linear(dims[i], dims[i + 1]))
         if i < len(dims) - 2:
-            layers.append(nn.SiLU())
+            layers.append(activation())
     return nn.Sequential(*layers)
 
 
@@ -48,18 +54,22 @@ class GrootPolicy(nn.Module):
         if not c.tune_backbone:
             self.vision.requires_grad_(False)
             self.language.requires_grad_(False)
+        if c.hidden_size % c.vl_heads:
+            raise ConfigError(f"model.vl_heads ({c.vl_heads}) must divide model.hidden_size ({c.hidden_size})")
         w = c.head_hidden_size
         self.features_norm = nn.LayerNorm(c.hidden_size)
-        self.state_encoder = mlp([c.state_dim * c.n_obs_steps, w, w])
+        self.vl_attention = SelfAttentionStack(c.hidden_size, c.vl_layers, c.vl_heads)
+        self.state_encoder = mlp([c.state_dim * c.n_obs_steps, w, w], nn.ReLU)
         self.action_in = nn.Linear(c.action_dim, w)
         self.action_mix = mlp([2 * w, w, w])
         self.action_positions = nn.Embedding(c.chunk_size, w)
+        self.future_tokens = nn.Embedding(c.future_tokens, w)
         self.time_encoder = mlp([c.time_embedding_dim, w, w])
         self.dit = DiT(w, c.head_layers, c.head_heads, c.hidden_size)
-        self.action_decoder = mlp([w, w, c.action_dim])
+        self.action_decoder = mlp([w, w, c.action_dim], nn.ReLU)
 
-    def features(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        """Backbone features ``[B, L, hidden]`` (normalised) and their validity mask ``[B, L]``."""
+    def backbone(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """Backbone output ``[B, L, hidden]`` (frozen unless ``tune_backbone``) and its validity mask ``[B, L]``."""
         c = self.config
         with torch.set_grad_enabled(c.tune_backbone and torch.is_grad_enabled()):
             images = self.vision(batch)
@@ -67,18 +77,29 @@ class GrootPolicy(nn.Module):
             embeds = torch.cat([images, self.language.embed_tokens(ids)], dim=1)
             valid = torch.cat([torch.ones(images.shape[:2], dtype=torch.bool, device=images.device), valid], dim=1)
             hidden = self.language(inputs_embeds=embeds, attention_mask=valid.long()).last_hidden_state
-        return self.features_norm(hidden), valid
+        return hidden, valid
+
+    def condition(self, hidden: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The head's view of backbone output ``hidden``: LayerNorm, then the self-attention blocks."""
+        return self.vl_attention(self.features_norm(hidden), valid), valid
+
+    def features(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """What the DiT cross-attends to ``[B, L, hidden]`` and its validity mask ``[B, L]``."""
+        return self.condition(*self.backbone(batch))
 
     def velocity(self, batch: dict, x_t: torch.Tensor, t: torch.Tensor, features: torch.Tensor,
                  valid: torch.Tensor) -> torch.Tensor:
         """Predicted ``noise - actions`` ``[B, chunk, action_dim]`` at flow time ``t`` given the features."""
         c = self.config
-        state = self.state_encoder(batch["observation.state"].float().reshape(x_t.shape[0], -1))[:, None]
-        time = flow.sinusoidal(t, self.action_in.out_features)[:, None].expand(-1, c.chunk_size, -1)
+        b = x_t.shape[0]
+        state = self.state_encoder(batch["observation.state"].float().reshape(b, -1))[:, None]
+        steps = timestep_buckets(t, c.timestep_buckets)
+        time = action_time_embedding(steps, self.action_in.out_features)[:, None].expand(-1, c.chunk_size, -1)
         actions = self.action_mix(torch.cat([self.action_in(x_t), time], dim=-1))
         actions = actions + self.action_positions.weight[None]
-        cond = self.time_encoder(flow.sinusoidal(t, c.time_embedding_dim))
-        out = self.dit(torch.cat([state, actions], dim=1), cond, features, valid)
+        future = self.future_tokens.weight[None].expand(b, -1, -1)
+        cond = self.time_encoder(dit_time_embedding(steps, c.time_embedding_dim))
+        out = self.dit(torch.cat([state, future, actions], dim=1), cond, features, valid)
         return self.action_decoder(out[:, -c.chunk_size:])
 
     def forward(self, batch: dict, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
@@ -87,8 +108,13 @@ class GrootPolicy(nn.Module):
     @torch.no_grad()
     def sample(self, batch: dict, generator: torch.Generator | None = None) -> torch.Tensor:
         """Normalised action chunks ``[B, chunk, action_dim]``: Euler steps, backbone run once."""
+        return self.sample_with(batch, *self.features(batch), generator=generator)
+
+    @torch.no_grad()
+    def sample_with(self, batch: dict, features: torch.Tensor, valid: torch.Tensor,
+                    generator: torch.Generator | None = None) -> torch.Tensor:
+        """:meth:`sample` given the :meth:`features` (clipped to ``action_clip`` when set)."""
         c = self.config
-        features, valid = self.features(batch)
         shape = (features.shape[0], c.chunk_size, c.action_dim)
         x = flow.euler_sample(lambda x_t, t: self.velocity(batch, x_t, t, features, valid), shape,
                               c.num_inference_steps, features.device, generator)
@@ -104,4 +130,4 @@ class GrootProvider(FlowMatchingVLAProvider):
         return flow.groot_time(u, self.config.noise_s)
 
     def torch_blocks(self, model: Any) -> list[Any]:
-        return [*model.vision.blocks(), *model.language.layers, *model.dit.blocks]
+        return [*model.vision.blocks(), *model.language.layers, *model.vl_attention.blocks, *model.dit.blocks]

@@ -1,0 +1,88 @@
+"""Driver run by the LeRobot venv's python (never by loong's): LeRobot 0.4.4's GR00T N1.5 action head.
+
+    python groot_head.py OUT_DIR SIZES_JSON
+
+Builds ``FlowmatchingActionHead`` from a config alone (the full ``GrootPolicy`` downloads its
+checkpoint, see the docs), perturbs every parameter with a fixed seed (so zero-initialised biases
+matter too), draws a batch of backbone features, state and actions, and writes to ``OUT_DIR``:
+
+- ``head.safetensors``: the head's state dict;
+- ``io.safetensors``: the batch, the noise and GR00T time ``tau`` of one training forward, its
+  loss, and the initial noise and predicted action chunk of ``get_action``;
+- ``versions.json``: lerobot / torch / transformers / diffusers versions.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from importlib.metadata import version
+from pathlib import Path
+
+import torch
+from lerobot.policies.groot.action_head.flow_matching_action_head import (
+    FlowmatchingActionHead,
+    FlowmatchingActionHeadConfig,
+)
+from safetensors.torch import save_file
+from transformers.feature_extraction_utils import BatchFeature
+
+
+def build(s: dict) -> FlowmatchingActionHead:
+    """The head at the sizes in ``s``; dropout off, no per-block position table."""
+    w = s["width"]
+    transformer = dict(dropout=0.0, final_dropout=True, positional_embeddings=None)
+    config = FlowmatchingActionHeadConfig(
+        action_dim=s["action_dim"], action_horizon=s["chunk"], add_pos_embed=True, max_seq_len=s["max_seq_len"],
+        input_embedding_dim=w, hidden_size=w, backbone_embedding_dim=s["backbone_width"],
+        max_state_dim=s["state_dim"], max_num_embodiments=s["embodiments"], num_inference_timesteps=s["steps"],
+        num_target_vision_tokens=s["future_tokens"], noise_s=0.999, num_timestep_buckets=1000, use_vlln=True,
+        tune_projector=True, tune_diffusion_model=True,
+        diffusion_model_cfg=dict(num_attention_heads=s["heads"], attention_head_dim=w // s["heads"], output_dim=w,
+                                 num_layers=s["layers"], interleave_self_attention=True, norm_type="ada_norm",
+                                 cross_attention_dim=s["backbone_width"], **transformer),
+        vl_self_attention_cfg=dict(num_attention_heads=s["vl_heads"],
+                                   attention_head_dim=s["backbone_width"] // s["vl_heads"],
+                                   num_layers=s["vl_layers"], **transformer))
+    head = FlowmatchingActionHead(config)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return head
+
+
+def main(out: Path, s: dict) -> None:
+    torch.manual_seed(s["seed"])
+    head = build(s)
+    b, e = s["batch"], s["embodiment"]
+    io = {"features": torch.randn(b, s["tokens"], s["backbone_width"]),
+          "state": torch.randn(b, 1, s["state_dim"]),
+          "actions": torch.rand(b, s["chunk"], s["action_dim"]) * 2 - 1,
+          "noise": torch.randn(b, s["chunk"], s["action_dim"]),
+          "tau": torch.rand(b) * 0.999}
+    backbone = {"backbone_features": io["features"], "backbone_attention_mask": torch.ones(b, s["tokens"])}
+    inputs = {"state": io["state"], "action": io["actions"], "embodiment_id": torch.full((b,), e),
+              "action_mask": torch.ones_like(io["actions"])}
+    # The head draws its noise and time inside forward(); hand it the ones saved above.
+    head.sample_time = lambda batch_size, device, dtype: io["tau"].to(device, dtype)
+    real_randn = torch.randn
+    torch.randn = lambda *args, **kwargs: io["noise"].clone()
+    try:
+        head.train()
+        io["loss"] = head(BatchFeature(dict(backbone)), BatchFeature(dict(inputs)))["loss"].detach().reshape(1)
+    finally:
+        torch.randn = real_randn
+    head.eval()
+    torch.manual_seed(s["sample_seed"])
+    io["initial_noise"] = torch.randn(b, s["chunk"], s["action_dim"])
+    torch.manual_seed(s["sample_seed"])
+    io["action_chunk"] = head.get_action(BatchFeature(dict(backbone)), BatchFeature(dict(inputs)))["action_pred"]
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in head.state_dict().items()}, out / "head.safetensors")
+    save_file({k: v.contiguous() for k, v in io.items()}, out / "io.safetensors")
+    versions = {name: version(name) for name in ("lerobot", "torch", "transformers", "diffusers")}
+    (out / "versions.json").write_text(json.dumps(versions))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), json.loads(sys.argv[2]))
