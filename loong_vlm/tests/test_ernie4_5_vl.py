@@ -17,8 +17,8 @@ import sys
 import pytest
 import torch
 
-from loong_llm.hf.convert import free_port
 from loong_vlm.ernie4_5_vl import testing
+from loong_vlm.parity import launch
 
 RELATIVE = 1e-5
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -30,11 +30,7 @@ def hf_dir(tmp_path_factory):
 
 
 def parity(hf_dir, out, nproc: int, *flags: str) -> dict:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port",
-           str(free_port()), "-m", "loong_vlm.ernie4_5_vl.testing", str(out), str(hf_dir), *flags]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=ENV)
-    assert result.returncode == 0, result.stderr[-6000:]
-    return json.loads(out.read_text())
+    return launch("loong_vlm.ernie4_5_vl.testing", out, [hf_dir, *flags], nproc)
 
 
 @pytest.mark.multirank

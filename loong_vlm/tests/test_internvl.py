@@ -16,8 +16,8 @@ import sys
 import pytest
 import torch
 
-from loong_llm.hf.convert import free_port
 from loong_vlm.internvl import testing
+from loong_vlm.parity import launch
 
 TOLERANCE = 1e-4
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -30,11 +30,7 @@ def hf_dirs(tmp_path_factory):
 
 
 def parity(hf_dirs, out, nproc: int, *flags: str) -> dict:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port",
-           str(free_port()), "-m", "loong_vlm.internvl.testing", str(out), *map(str, hf_dirs.values()), *flags]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=ENV)
-    assert result.returncode == 0, result.stderr[-6000:]
-    return json.loads(out.read_text())
+    return launch("loong_vlm.internvl.testing", out, [*hf_dirs.values(), *flags], nproc)
 
 
 def test_projector_merge_is_transformers_pixel_shuffle():

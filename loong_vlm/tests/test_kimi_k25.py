@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 import torch
 
-from loong_llm.hf.convert import free_port
 from loong_vlm.kimi_k25 import testing
+from loong_vlm.parity import launch
 
 RELATIVE = 1e-5
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -33,11 +33,7 @@ def hf_dir(tmp_path_factory):
 
 
 def parity(hf_dir, out, nproc: int, *flags: str) -> dict:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port",
-           str(free_port()), "-m", "loong_vlm.kimi_k25.testing", str(out), str(hf_dir), *flags]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=ENV)
-    assert result.returncode == 0, result.stderr[-6000:]
-    return json.loads(out.read_text())
+    return launch("loong_vlm.kimi_k25.testing", out, [hf_dir, *flags], nproc)
 
 
 def test_logits_match_transformers_at_tp1(hf_dir, tmp_path):

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from loong_core.testing import free_port, losses, run_train
+from loong_core.testing import losses, run_train
+from loong_vlm.parity import launch
 from loong_vlm.qwen2_5_vl.testing import write_hf_model
 
 TOLERANCE = 1e-4
@@ -25,13 +26,7 @@ def hf_dir(tmp_path_factory):
 
 
 def _parity(hf_dir: Path, out: Path, tp: int, *flags: str) -> float:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(tp), "--master-port",
-           str(free_port()), "-m", "loong_vlm.qwen2_5_vl.testing", str(out), str(hf_dir), "--tp", str(tp),
-           *flags]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert result.returncode == 0, result.stderr[-6000:]
-    return json.loads(out.read_text())["max_abs_diff"]
+    return launch("loong_vlm.qwen2_5_vl.testing", out, [hf_dir, "--tp", tp, *flags], tp)["max_abs_diff"]
 
 
 def test_logits_match_transformers_at_tp1(hf_dir, tmp_path):

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from loong_llm.hf.convert import free_port
+from loong_vlm.parity import launch
 from loong_vlm.qwen3_vl import testing
 
 TOLERANCE = 1e-4
@@ -34,11 +34,7 @@ def moe_hf_dir(tmp_path_factory):
 
 
 def parity(hf_dir, out, nproc: int, *flags: str) -> dict:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port",
-           str(free_port()), "-m", "loong_vlm.qwen3_vl.testing", str(out), str(hf_dir), *flags]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=ENV)
-    assert result.returncode == 0, result.stderr[-6000:]
-    return json.loads(out.read_text())
+    return launch("loong_vlm.qwen3_vl.testing", out, [hf_dir, *flags], nproc)
 
 
 def test_position_ids_match_transformers_get_rope_index():

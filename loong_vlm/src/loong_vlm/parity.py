@@ -1,12 +1,34 @@
-"""The rank side of the VLM families' parity checks (``torchrun ... -m loong_vlm.<family>.testing``):
-start the ranks on the cpu backend, build a provider's model at a parallel layout with its HF
-weights, gather its logits, and write rank 0's results."""
+"""The VLM families' parity checks (``torchrun ... -m loong_vlm.<family>.testing``).
+
+The rank side: start the ranks on the cpu backend, build a provider's model at a parallel layout
+with its HF weights, gather its logits, and write rank 0's results. The test side: :func:`launch`
+runs a family's check on N ranks and reads those results."""
 
 from __future__ import annotations
 
 import json
 import os
 from pathlib import Path
+
+
+def launch(module: str, out: str | Path, args, nproc: int) -> dict:
+    """Run ``torchrun --nproc-per-node NPROC -m MODULE OUT ARGS...`` (one thread per rank); rank 0's
+    results.
+
+    Raises:
+        AssertionError: The check failed; the message holds the end of its stderr.
+    """
+    import subprocess
+    import sys
+
+    from loong_llm.hf.convert import free_port
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port",
+           str(free_port()), "-m", module, str(out), *map(str, args)]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-6000:]
+    return json.loads(Path(out).read_text())
 
 
 def start_ranks() -> None:
