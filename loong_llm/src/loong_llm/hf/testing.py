@@ -119,6 +119,32 @@ def bf16_copy(hf_dir: Path, directory: Path) -> Path:
     return Path(directory)
 
 
+def convert_round_trip(family: str, hf_dir: Path, workdir: Path, *layout: str) -> dict:
+    """HF -> loong (at ``layout``, e.g. ``--ep 2``) -> HF through ``loong convert``, asserting the
+    same tensor names, values and dtypes (single-file models) and the same ``config.json``.
+
+    Returns:
+        The tensors that came back, for the caller's family-specific checks.
+    """
+    import subprocess
+
+    import torch
+    from safetensors.torch import load_file
+
+    hf_dir, workdir = Path(hf_dir), Path(workdir)
+    for args in (["hf-to-loong", "--family", family, *layout, str(hf_dir), str(workdir / "ckpt")],
+                 ["loong-to-hf", str(workdir / "ckpt"), str(workdir / "back")]):
+        result = subprocess.run([sys.executable, "-m", "loong_core.cli.main", "convert", *args], capture_output=True,
+                                text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert result.returncode == 0, result.stderr[-6000:]
+    source, back = load_file(hf_dir / "model.safetensors"), load_file(workdir / "back" / "model.safetensors")
+    assert set(source) == set(back), sorted(set(source) ^ set(back))[:10]
+    assert all(torch.equal(source[n], back[n]) and source[n].dtype == back[n].dtype for n in source)
+    config = json.loads((hf_dir / "config.json").read_text())
+    assert json.loads((workdir / "back" / "config.json").read_text()) == config
+    return back
+
+
 def write_hf_model(family: str, directory: Path, seed: int = 0, dtype=None, **overrides) -> Path:
     """Save a randomly initialised model of ``family`` (std 0.1 so logits are not flat)."""
     import torch
