@@ -82,8 +82,9 @@ def test_moe_cp2_tp2_with_expert_parallel(tmp_path):
 
 
 @pytest.mark.multirank
-def test_mla_cp2_tp2(tmp_path):
-    common, ref = _reference(tmp_path, ["experiment=deepseek_v3_debug"], init=True)
+def test_mla_cp2_tp2(family_curve, tmp_path):
+    common, ref = family_curve("deepseek_v3")  # shared with test_mtp
+    assert ref[STEPS] < ref[1]
     _run_cp([*common, "parallel=tp2", CP2, f"trainer.run_dir={tmp_path / 'cp2_tp2'}"], 4,
             "TP=2 PP=1 VPP=1 CP=2 EP=1 DP=1 SP=True")
     assert_loss_curve(losses(tmp_path / "cp2_tp2"), ref, range(1, STEPS + 1), "deepseek_v3 (MLA) cp2 x tp2")
