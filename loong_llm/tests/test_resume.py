@@ -42,8 +42,10 @@ def test_resume_after_crash_reproduces_losses_bit_for_bit(tiny, tmp_path, crash_
     # no loss: the crash-safety tests compare their resumed runs with it the same way)
     reference = losses(reference_run)
 
+    # the crashed run loads each batch in the loop (data.prefetch=false), the reference and the
+    # resumed run load the next batch during the step: steps 1-4 come from the crashed run
     crashed = tmp_path / "crashed"
-    proc = run_train([*_common(tiny), f"trainer.run_dir={crashed}"],
+    proc = run_train([*_common(tiny), f"trainer.run_dir={crashed}", "data.prefetch=false"],
                      env=_env(crash_site, CRASH_AT_STEP="6"), check=False)
     assert proc.returncode != 0
     checkpoints = sorted(p.name for p in (crashed / "checkpoints").iterdir())

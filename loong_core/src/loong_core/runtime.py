@@ -175,6 +175,7 @@ def _train(overrides: list[str]) -> dict:
 
     from loong_core.config.compose import load_config
     from loong_core.data.loader import GlobalBatchLoader
+    from loong_core.data.prefetch import PrefetchingLoader
     from loong_core.devices.select import select_device
     from loong_core.plugins import get_plugin_system
     from loong_core.trainer.banner import banner
@@ -241,7 +242,10 @@ def _train(overrides: list[str]) -> dict:
     seq_length = cfg.data.seq_length
     if rank == 0:
         logger.info("%s", banner(cfg, device, layout, num_params, system, run_dir, engine.banner_lines()))
-    trainer = Trainer(run, engine, loader(train_set), loader(valid_set) if eval_samples else None,
+    train_loader = loader(train_set)
+    if cfg.data.prefetch:
+        train_loader = PrefetchingLoader(train_loader)
+    trainer = Trainer(run, engine, train_loader, loader(valid_set) if eval_samples else None,
                       system.hook, device, provider.flops_per_token(seq_length),
                       unit=provider.throughput_unit)
     start = 0

@@ -71,6 +71,9 @@ class DataConfig:
         shared_cache: The cache directory is on a filesystem every node sees, so global rank 0
             prepares the data once; false for node-local disks: the first process of every node
             prepares its node's copy (preparation is deterministic, so the copies are equal).
+        prefetch: Load the next training batch in a background thread while the current step
+            runs (video decoding, image reads and batch balancing overlap the step); the batches
+            are the same either way.
     """
 
     name: str = registered("dataset", default="")
@@ -78,6 +81,7 @@ class DataConfig:
     balancer: str = registered("balancer", default="none")
     cache_dir: Optional[str] = None
     shared_cache: bool = True
+    prefetch: bool = True
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import random
@@ -253,6 +254,13 @@ class Trainer:
             self.nonfinite.check_validation(step, loss)
         return loss
 
+    def _load_ahead(self, iteration: int):
+        """While the step runs, load the batches of ``iteration`` (``data.prefetch``): a
+        :class:`~loong_core.data.prefetch.PrefetchingLoader` train loader, not the last step."""
+        if not hasattr(self.train_loader, "overlap") or iteration >= self.cfg.train_iters:
+            return contextlib.nullcontext()
+        return self.train_loader.overlap(iteration)
+
     def _extra_note(self) -> str:
         return "".join(f", {name} {value:.4f}" for name, value in self.last_eval_metrics.items())
 
@@ -282,10 +290,11 @@ class Trainer:
                 if self.straggler is not None:
                     self.straggler.batch_loaded()
                 self.device.synchronize()
-                started = time.perf_counter()
-                result = self.engine.train_step(micro_batches)
-                self.device.synchronize()
-                elapsed = time.perf_counter() - started
+                with self._load_ahead(step):
+                    started = time.perf_counter()
+                    result = self.engine.train_step(micro_batches)
+                    self.device.synchronize()
+                    elapsed = time.perf_counter() - started
                 self.nonfinite.check_step(step, result)
                 self.run.iteration = step
                 if result.skipped:

@@ -30,6 +30,8 @@ def add_arguments(p) -> None:
     p.add_argument("--image-size", type=int, default=64, help="square image side in pixels (default 64)")
     p.add_argument("--camera", default="corner", help="MuJoCo camera (default corner; images flipped upright)")
     p.add_argument("--state-only", action="store_true", help="record no images (no rendering needed)")
+    p.add_argument("--video", action="store_true",
+                   help="store the camera as mp4 video (needs PyAV) instead of PNG images in the parquet files")
     p.add_argument("--seed", type=int, default=0, help="base seed of the task variations (default 0)")
     p.add_argument("--max-steps", type=int, default=None, help="cap on steps per episode (default: task limit)")
     p.add_argument("--extra-steps", type=int, default=0, help="steps kept after success (default 0)")
@@ -43,7 +45,8 @@ def run(args, extra) -> int:
     summary = record_metaworld(
         args.out_dir, [t.strip() for t in args.tasks.split(",") if t.strip()], args.episodes,
         image_size=args.image_size, camera=None if args.state_only else args.camera, seed=args.seed,
-        max_steps=args.max_steps, only_success=not args.keep_failures, extra_steps=args.extra_steps)
+        max_steps=args.max_steps, only_success=not args.keep_failures, extra_steps=args.extra_steps,
+        video=args.video)
     print(json.dumps({"path": summary.path, "episodes": summary.episodes, "frames": summary.frames,
                       "failed_attempts": summary.failed, "per_task": summary.per_task,
                       "seconds": round(summary.seconds, 2),

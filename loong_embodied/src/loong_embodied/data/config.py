@@ -34,6 +34,8 @@ class LeRobotDataConfig(DataConfig):
         record_seed: Base seed of the recorded task variations (evaluate on another one).
         record_images: Record camera images too (about 8 frames/s on 2 CPU cores; state only
             records about 200 frames/s).
+        record_video: Record camera images stored as mp4 video (PyAV, as LeRobot's hub datasets
+            store them) instead of PNG images in the parquet files.
     """
 
     path: Optional[str] = None
@@ -50,3 +52,4 @@ class LeRobotDataConfig(DataConfig):
     record_episodes: int = 50
     record_seed: int = 0
     record_images: bool = False
+    record_video: bool = False

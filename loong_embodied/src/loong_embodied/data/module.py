@@ -86,7 +86,8 @@ class LeRobotDataModule:
         if partial.exists():
             shutil.rmtree(partial)
         summary = record_metaworld(partial, list(c.record_metaworld), c.record_episodes, seed=c.record_seed,
-                                   camera="corner" if c.record_images else None)
+                                   camera="corner" if c.record_images or c.record_video else None,
+                                   video=c.record_video)
         write_manifest(partial)
         path.parent.mkdir(parents=True, exist_ok=True)
         os.replace(partial, path)
@@ -152,6 +153,6 @@ def metaworld_cache_path(config: LeRobotDataConfig) -> Path:
     from loong_core.config.compose import cache_root
 
     tasks = "_".join(t.removesuffix("-v3") for t in config.record_metaworld)
-    kind = "image" if config.record_images else "state"
+    kind = "video" if config.record_video else "image" if config.record_images else "state"
     return (cache_root(config.cache_dir) / "metaworld"
             / f"{tasks}-{config.record_episodes}ep-seed{config.record_seed}-{kind}")

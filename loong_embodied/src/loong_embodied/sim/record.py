@@ -43,7 +43,8 @@ class RecordSummary:
 
 def record_metaworld(out_dir: str | Path, tasks: list[str], episodes: int, image_size: int = 64,
                      camera: str | None = "corner", seed: int = 0, max_steps: int | None = None,
-                     only_success: bool = True, extra_steps: int = 0, max_attempts: int = 3) -> RecordSummary:
+                     only_success: bool = True, extra_steps: int = 0, max_attempts: int = 3,
+                     video: bool = False) -> RecordSummary:
     """Roll out the scripted expert of each task and write every step as a frame.
 
     A frame is the camera image and 39-d state before the step, the 4-d expert action, and the
@@ -61,6 +62,8 @@ def record_metaworld(out_dir: str | Path, tasks: list[str], episodes: int, image
         only_success: Discard episodes in which the expert failed and try the next seed.
         extra_steps: Steps recorded after success (the policy learns to hold still).
         max_attempts: Attempts per saved episode before giving up on a task.
+        video: Store the camera as an mp4 video feature (one file per episode, as LeRobot's hub
+            datasets do; needs PyAV) instead of PNG images embedded in the parquet files.
 
     Returns:
         A :class:`RecordSummary`.
@@ -70,7 +73,7 @@ def record_metaworld(out_dir: str | Path, tasks: list[str], episodes: int, image
         "action": {"dtype": "float32", "shape": [ACTION_DIM], "names": None},
     }
     if camera:
-        features = {IMAGE_KEY: {"dtype": "image", "shape": [image_size, image_size, 3],
+        features = {IMAGE_KEY: {"dtype": "video" if video else "image", "shape": [image_size, image_size, 3],
                                 "names": ["height", "width", "channel"]}, **features}
     writer = LeRobotWriter(out_dir, fps=FPS, features=features, robot_type="sawyer")
     summary = RecordSummary(path=str(out_dir))
