@@ -286,7 +286,9 @@ class Trainer:
                 self.finish_async_save(iteration, wait=False)
                 if self.straggler is not None:
                     self.straggler.start(measure=log_now)
+                asked = time.perf_counter()
                 micro_batches = self.train_loader.micro_batches(iteration)
+                data_wait = time.perf_counter() - asked
                 if self.straggler is not None:
                     self.straggler.batch_loaded()
                 self.device.synchronize()
@@ -295,6 +297,7 @@ class Trainer:
                     result = self.engine.train_step(micro_batches)
                     self.device.synchronize()
                     elapsed = time.perf_counter() - started
+                data_wait += time.perf_counter() - started - elapsed  # the next batch not loaded yet
                 self.nonfinite.check_step(step, result)
                 self.run.iteration = step
                 if result.skipped:
@@ -302,7 +305,7 @@ class Trainer:
                 self.throughput.add(result.tokens if result.items is None else result.items, elapsed)
                 metrics = {
                     "loss": result.loss, "lr": result.lr, "grad_norm": result.grad_norm,
-                    **self.throughput.averages(), "step_time": elapsed,
+                    **self.throughput.averages(), "step_time": elapsed, "data_wait": data_wait,
                     "skipped_steps": self.skipped_steps,
                     **({"checkpoint_save_failures": self.save_failures} if self.save_failures else {}),
                     **(result.extra or {}), **self.device.memory_stats(),
