@@ -1,5 +1,5 @@
-"""The Pi0.5-style and GR00T-style VLA policies: backbone parity with transformers, masks, the prefix
-cache, sampling, freezing and a quick overfit (tiny random configs, CPU, one thread)."""
+"""The Pi0.5-style, GR00T-style and X-VLA-style VLA policies: backbone parity with transformers, masks,
+the prefix cache, sampling, freezing and a quick overfit (tiny random configs, CPU, one thread)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from loong_embodied.policies.groot.config import GrootConfig
 from loong_embodied.policies.groot.model import GrootProvider
 from loong_embodied.policies.pi05.config import Pi05Config
 from loong_embodied.policies.pi05.model import Pi05Provider
+from loong_embodied.policies.xvla.config import XVLAConfig
+from loong_embodied.policies.xvla.model import XVLAProvider
 
 COMMON = dict(state_dim=5, action_dim=2, chunk_size=4, image_size=[3, 16, 16], image_keys=["observation.image"],
               patch_size=8, vision_hidden_size=32, vision_layers=1, vision_heads=2, vision_intermediate_size=64,
@@ -36,6 +38,12 @@ def pi05(**overrides) -> Pi05Provider:
 def groot(**overrides) -> GrootProvider:
     return GrootProvider(GrootConfig(name="groot", head_hidden_size=32, head_layers=2, head_heads=2,
                                      **{**COMMON, **overrides}))
+
+
+def xvla(**overrides) -> XVLAProvider:
+    return XVLAProvider(XVLAConfig(name="xvla", head_hidden_size=32, head_layers=2, head_heads=2, num_domains=2,
+                                   soft_prompt_len=3, max_seq_len=64, max_state_dim=8, max_action_dim=4,
+                                   **{**COMMON, **overrides}))
 
 
 def batch(b: int = 4) -> dict:
@@ -80,7 +88,7 @@ def test_pi05_velocity_ignores_padding_and_the_prefix_cache_changes_nothing():
     assert not torch.allclose(model(other, x_t, t)[0], full[0])
 
 
-@pytest.mark.parametrize("make", [pi05, groot], ids=["pi05", "groot"])
+@pytest.mark.parametrize("make", [pi05, groot, xvla], ids=["pi05", "groot", "xvla"])
 def test_sampling_gives_action_chunks_in_the_action_range(make):
     torch.manual_seed(0)
     model = make().build_torch_model().eval()
@@ -109,7 +117,7 @@ def test_the_loss_averages_only_the_actions_that_are_not_padding(make):
     assert not torch.allclose(loss_sum, err.mean(dim=(1, 2)).sum())      # the padded entries would change it
 
 
-@pytest.mark.parametrize("make", [pi05, groot], ids=["pi05", "groot"])
+@pytest.mark.parametrize("make", [pi05, groot, xvla], ids=["pi05", "groot", "xvla"])
 def test_flow_matching_loss_goes_down_on_a_tiny_batch(make):
     torch.manual_seed(0)
     provider = make()

@@ -1,4 +1,4 @@
-"""``pi05_debug`` and ``groot_debug`` as real ``loong train`` jobs on the shared Meta-World dataset:
+"""``pi05_debug``, ``groot_debug`` and ``xvla_debug`` as real ``loong train`` jobs on the shared Meta-World dataset:
 training, checkpoints and resuming, FSDP2 over 2 ranks against one rank, and a closed-loop rollout."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 from loong_core.testing import losses, run_train
 
-POLICIES = ["pi05", "groot"]
+POLICIES = ["pi05", "groot", "xvla"]
 STEPS = 3
 ENV = {"LOONG_PLUGINS": "embodied"}
 

@@ -18,6 +18,10 @@ def loong_register_models(register):
              config="loong_embodied.policies.groot.config:GrootConfig", engines=("torch",),
              description="GR00T-N1.5-style VLA: middle-layer VLM features (frozen by default) and a DiT "
                          "flow-matching action head laid out as LeRobot's GR00T N1.5")
+    register("xvla", "loong_embodied.policies.xvla.model:XVLAProvider",
+             config="loong_embodied.policies.xvla.config:XVLAConfig", engines=("torch",),
+             description="X-VLA-style VLA: VLM tokens, per-domain soft prompts and action encoder/decoder, a "
+                         "transformer predicting the action chunk, laid out as LeRobot's xvla")
 
 
 @hookimpl

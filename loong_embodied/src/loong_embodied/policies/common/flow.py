@@ -1,7 +1,9 @@
 """Flow matching over action chunks, one convention for every policy.
 
 ``x_t = (1 - t) * actions + t * noise``: ``t = 1`` is pure noise, ``t = 0`` the actions; the network
-predicts the velocity ``noise - actions`` and sampling integrates from ``t = 1`` to ``t = 0``.
+predicts the velocity ``noise - actions`` and sampling integrates from ``t = 1`` to ``t = 0``
+(:func:`euler_sample`). A network may instead predict the actions themselves (X-VLA); it samples
+with :func:`renoise_sample`.
 """
 
 from __future__ import annotations
@@ -25,6 +27,11 @@ def groot_time(u: torch.Tensor, s: float = 0.999) -> torch.Tensor:
     (``t = 1 - tau``), clipped to [0, 1]."""
     tau = (s - u.pow(1.0 / BETA_ALPHA)) / s
     return (1.0 - tau).clamp(0.0, 1.0)
+
+
+def xvla_time(u: torch.Tensor) -> torch.Tensor:
+    """X-VLA's flow time from uniforms ``u``: uniform on ``[0, 1 - 1e-5)`` (``u mod (1 - 1e-5)``)."""
+    return u % (1 - 1e-5)
 
 
 def flow_draws(actions: torch.Tensor, seeds: torch.Tensor | None,
@@ -81,6 +88,24 @@ def euler_sample(velocity: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
         t = torch.full((shape[0],), 1.0 - i / steps, device=device)
         x = x - velocity(x, t) / steps
     return x
+
+
+@torch.no_grad()
+def renoise_sample(predict_actions: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], shape: tuple[int, ...],
+                   steps: int, device, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Sampling for a network that predicts the actions from ``x_t`` (X-VLA's ``generate_actions``).
+
+    At ``t = i / steps`` for ``i = steps .. 1`` the current estimate (zeros at first) is mixed with
+    the one initial noise draw, ``x_t = (1 - t) * estimate + t * noise``, and the network's
+    prediction becomes the next estimate; the last prediction is returned.
+    """
+    noise = torch.randn(shape, generator=generator).to(device)
+    actions = torch.zeros_like(noise)
+    for i in range(steps, 0, -1):
+        t = torch.full((shape[0],), i / steps, device=device)
+        x_t, _ = interpolate(actions, noise, t)
+        actions = predict_actions(x_t, t)
+    return actions
 
 
 def sinusoidal(t: torch.Tensor, dim: int, scale: float = 1000.0) -> torch.Tensor:

@@ -19,11 +19,13 @@ from loong_core.kernels.torch_modules import norm_modulate
 
 
 class Attention(nn.Module):
-    """Multi-head attention of ``x`` over ``context`` (itself when None) with a key-validity mask."""
+    """Multi-head attention of ``x`` over ``context`` (itself when None) with a key-validity mask and
+    ``dropout`` on the attention probabilities while training."""
 
-    def __init__(self, width: int, num_heads: int, context_dim: int | None = None):
+    def __init__(self, width: int, num_heads: int, context_dim: int | None = None, dropout: float = 0.0):
         super().__init__()
         self.num_heads = num_heads
+        self.dropout = dropout
         context_dim = context_dim or width
         self.q_proj = nn.Linear(width, width)
         self.k_proj = nn.Linear(context_dim, width)
@@ -40,7 +42,8 @@ class Attention(nn.Module):
 
         mask = context_valid[:, None, None, :] if context_valid is not None else None
         out = F.scaled_dot_product_attention(split(self.q_proj(x)), split(self.k_proj(context)),
-                                             split(self.v_proj(context)), attn_mask=mask)
+                                             split(self.v_proj(context)), attn_mask=mask,
+                                             dropout_p=self.dropout if self.training else 0.0)
         return self.o_proj(out.transpose(1, 2).flatten(2))
 
 
@@ -59,30 +62,44 @@ class AdaLayerNorm(nn.Module):
 
 class Block(nn.Module):
     """Pre-norm attention + MLP block; adaptive first norm when ``cond_dim`` is given, cross-attention
-    to a context when ``context_dim`` is given."""
+    to a context when ``context_dim`` is given.
 
-    def __init__(self, width: int, num_heads: int, cond_dim: int | None = None, context_dim: int | None = None):
+    ``mlp_ratio`` sets the MLP's width; ``dropout`` (X-VLA's blocks: 0.1) drops attention
+    probabilities and the MLP's hidden and output activations while training.
+    """
+
+    def __init__(self, width: int, num_heads: int, cond_dim: int | None = None, context_dim: int | None = None,
+                 mlp_ratio: float = 4.0, dropout: float = 0.0):
         super().__init__()
         self.cross = context_dim is not None
+        self.dropout = dropout
         affine = cond_dim is None                 # the DiT's norms have no weights of their own
+        hidden = int(width * mlp_ratio)
         self.attn_norm = AdaLayerNorm(width, cond_dim) if cond_dim else nn.LayerNorm(width)
-        self.attn = Attention(width, num_heads, context_dim)
+        self.attn = Attention(width, num_heads, context_dim, dropout)
         self.mlp_norm = nn.LayerNorm(width, elementwise_affine=affine)
-        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(approximate="tanh"), nn.Linear(4 * width, width))
+        self.mlp = nn.Sequential(nn.Linear(width, hidden), nn.GELU(approximate="tanh"), nn.Linear(hidden, width))
+
+    def _mlp(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.dropout:
+            return self.mlp(x)
+        hidden = F.dropout(self.mlp[1](self.mlp[0](x)), self.dropout, self.training)
+        return F.dropout(self.mlp[2](hidden), self.dropout, self.training)
 
     def forward(self, x: torch.Tensor, cond: torch.Tensor | None = None, context: torch.Tensor | None = None,
                 context_valid: torch.Tensor | None = None) -> torch.Tensor:
         h = self.attn_norm(x, cond) if cond is not None else self.attn_norm(x)
         x = x + (self.attn(h, context, context_valid) if self.cross else self.attn(h))
-        return x + self.mlp(self.mlp_norm(x))
+        return x + self._mlp(self.mlp_norm(x))
 
 
 class SelfAttentionStack(nn.Module):
-    """``layers`` plain self-attention :class:`Block` over the VLM features (GR00T's ``vl_self_attention``)."""
+    """``layers`` plain self-attention :class:`Block` (GR00T's ``vl_self_attention``; X-VLA's transformer)."""
 
-    def __init__(self, width: int, layers: int, num_heads: int):
+    def __init__(self, width: int, layers: int, num_heads: int, mlp_ratio: float = 4.0, dropout: float = 0.0):
         super().__init__()
-        self.blocks = nn.ModuleList(Block(width, num_heads) for _ in range(layers))
+        self.blocks = nn.ModuleList(Block(width, num_heads, mlp_ratio=mlp_ratio, dropout=dropout)
+                                    for _ in range(layers))
 
     def forward(self, x: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
         for block in self.blocks:

@@ -1,0 +1,1 @@
+"""X-VLA-style vision-language-action policy: per-domain soft prompts and a transformer that predicts the actions."""
