@@ -18,6 +18,10 @@ def loong_register_models(register):
              config="loong_embodied.policies.groot.config:GrootConfig", engines=("torch",),
              description="GR00T-N1.5-style VLA: middle-layer VLM features (frozen by default) and a DiT "
                          "flow-matching action head laid out as LeRobot's GR00T N1.5")
+    register("wam", "loong_embodied.policies.wam.provider:WAMProvider",
+             config="loong_embodied.policies.wam.config:WAMConfig", engines=("torch",),
+             description="world-action model: loong_diffusion's DiT denoises a future camera latent and the "
+                         "action chunk jointly (flow matching); actions can be sampled without the future")
 
 
 @hookimpl
