@@ -152,9 +152,12 @@ def build_policy(model_raw: dict, run_dir: Path):
     if engines and "torch" not in engines:
         raise ConfigError(f"{run_dir} trained model '{name}' (engine {', '.join(engines)}), not a robot policy: "
                           "loong eval rollout needs a run of flow_policy, pi05 or groot")
+    from loong_core.config.validate import build_dataclass
+
     config_cls = entry.load_meta("config")
     names = {f.name for f in fields(config_cls)}
-    config = config_cls(**{k: v for k, v in model_raw.items() if k in names})
+    # Typed as training built it: nested config dataclasses (wam's objective) come back as dataclasses.
+    config = build_dataclass(config_cls, {k: v for k, v in model_raw.items() if k in names}, "model")
     model = entry.load()(config).build_torch_model()
     if not hasattr(model, "sample"):
         raise ConfigError(f"{run_dir} trained model '{name}', which has no sample(batch) method; rollout needs "

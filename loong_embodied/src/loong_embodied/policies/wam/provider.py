@@ -41,7 +41,8 @@ class WAMProvider(ActionPolicyProvider):
         n_act = actions[0].numel()
         x0 = torch.cat([actions.flatten(1), future.flatten(1)], dim=1)
         seeds = batch.get("noise_seed")
-        noise, u, _ = objective.FlowMatching(c.objective).draw(x0, None if seeds is None else seeds.reshape(-1).tolist())
+        seeds = None if seeds is None else seeds.reshape(-1).tolist()    # per-sample draws, as loong_diffusion
+        noise, u, _ = objective.FlowMatching(c.objective).draw(x0, seeds)
         sigmas = objective.sigmas_from_u(c.objective, u.to(x0.device))
         x_t, target = objective.interpolate(x0, noise, sigmas)
         v_actions, v_future = model(batch, x_t[:, :n_act].view_as(actions), x_t[:, n_act:].view_as(future), sigmas)
