@@ -1,7 +1,7 @@
 """A trained policy loaded from a loong run for closed-loop control (one process, no process group).
 
 The run directory's ``config.yaml`` gives the model (any registered policy whose module has
-``sample(batch, generator)``: ``flow_policy``, ``pi05``, ``groot``), its config (with the shapes the
+``sample(batch, generator)``: ``flow_policy``, ``pi05``, ``groot``, ``wam``), its config (with the shapes the
 data set) and the dataset it trained on; the dataset's ``meta/stats.json`` and task list give the normalisation and
 the task indices; the weights come from a DCP checkpoint (``checkpoints/iter_N``) loaded into a
 freshly built model, whatever the data-parallel layout it was saved with.
