@@ -1,5 +1,6 @@
-"""``pi05_debug``, ``groot_debug`` and ``xvla_debug`` as real ``loong train`` jobs on the shared Meta-World dataset:
-training, checkpoints and resuming, FSDP2 over 2 ranks against one rank, and a closed-loop rollout."""
+"""``pi05_debug``, ``groot_debug``, ``xvla_debug`` and ``wam_debug`` as real ``loong train`` jobs on
+the shared Meta-World dataset: training, checkpoints and resuming, FSDP2 over 2 ranks against one
+rank, and a closed-loop rollout."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 from loong_core.testing import losses, run_train
 
-POLICIES = ["pi05", "groot", "xvla"]
+POLICIES = ["pi05", "groot", "xvla", "wam"]
 STEPS = 3
 ENV = {"LOONG_PLUGINS": "embodied"}
 
@@ -59,7 +60,7 @@ def test_fsdp2_over_two_ranks_follows_one_rank(one_rank, tmp_path):
         assert fsdp2[step] == pytest.approx(one[step], abs=1e-5, rel=1e-5), (step, fsdp2, one)
 
 
-@pytest.mark.parametrize("one_rank", ["pi05"], indirect=True)   # one VLA is enough for the smoke test
+@pytest.mark.parametrize("one_rank", ["pi05", "wam"], indirect=True)   # one VLA and the world-action model
 def test_rollout_runs_a_trained_vla_checkpoint_in_metaworld(one_rank):
     pytest.importorskip("metaworld")
     _, _, run_dir = one_rank

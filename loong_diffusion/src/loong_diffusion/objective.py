@@ -62,6 +62,23 @@ def loss_weights(config: FlowMatchConfig, sigmas: torch.Tensor) -> torch.Tensor 
     return None
 
 
+def interpolate(x0: torch.Tensor, noise: torch.Tensor, sigmas: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x_t, target)``: ``x_t = (1 - sigma) * x0 + sigma * noise`` (dtype of ``x0``) and the fp32
+    velocity target ``noise - x0``, for per-sample noise levels ``sigmas [B]``."""
+    s = sigmas.view(-1, *([1] * (x0.dim() - 1))).to(x0.dtype)
+    return (1 - s) * x0 + s * noise, noise.float() - x0.float()
+
+
+def weighted_error(config: FlowMatchConfig, prediction: torch.Tensor, target: torch.Tensor,
+                   sigmas: torch.Tensor) -> torch.Tensor:
+    """Element-wise squared error in fp32, times the per-sample weight of ``config.loss_weighting``."""
+    error = (prediction.float() - target.float()) ** 2
+    weights = loss_weights(config, sigmas)
+    if weights is not None:
+        error = weights.view(-1, *([1] * (error.dim() - 1))).float() * error
+    return error
+
+
 def seeded_draws(config: FlowMatchConfig, seeds: Sequence[int], shape: Sequence[int], device,
                  extra: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Noise ``[B, *shape]``, density draws ``u [B]`` and ``extra`` uniforms ``[B, extra]`` from one
@@ -102,16 +119,11 @@ class FlowMatching:
                 sample's element count, so the shares of a partition sum to the whole loss.
         """
         sigmas = sigmas_from_u(self.config, u.to(x0.device), seq_len)
-        s = sigmas.view(-1, *([1] * (x0.dim() - 1))).to(x0.dtype)
-        x_t = (1 - s) * x0 + s * noise
+        x_t, target = interpolate(x0, noise, sigmas)
         prediction = denoise(x_t, sigmas)
-        target = noise.float() - x0.float()
         if select is not None:
             prediction, target = select(prediction), select(target)
-        error = (prediction.float() - target) ** 2
-        weights = loss_weights(self.config, sigmas)
-        if weights is not None:
-            error = weights.view(-1, *([1] * (error.dim() - 1))).float() * error
+        error = weighted_error(self.config, prediction, target, sigmas)
         if select is not None:
             return error.reshape(x0.shape[0], -1).sum(dim=1) / x0[0].numel()
         return error.reshape(x0.shape[0], -1).mean(dim=1)

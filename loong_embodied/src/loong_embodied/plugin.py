@@ -22,6 +22,10 @@ def loong_register_models(register):
              config="loong_embodied.policies.xvla.config:XVLAConfig", engines=("torch",),
              description="X-VLA-style VLA: VLM tokens, per-domain soft prompts and action encoder/decoder, a "
                          "transformer predicting the action chunk, laid out as LeRobot's xvla")
+    register("wam", "loong_embodied.policies.wam.provider:WAMProvider",
+             config="loong_embodied.policies.wam.config:WAMConfig", engines=("torch",),
+             description="world-action model: loong_diffusion's DiT denoises a future camera latent and the "
+                         "action chunk jointly (flow matching); actions can be sampled without the future")
 
 
 @hookimpl

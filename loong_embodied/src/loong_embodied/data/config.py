@@ -18,6 +18,10 @@ class LeRobotDataConfig(DataConfig):
             set, ``n_obs_steps`` and ``chunk_size`` are ignored.
         n_obs_steps: Frames of observation history (state and cameras), the current one included.
         chunk_size: Actions per sample (the current one and the following ones): action chunking.
+        future_offset: Frames ahead of the current one at which each camera's future frame is
+            delivered as ``<camera>.future`` ``[C, H, W]`` with ``<camera>.future_is_pad`` (True
+            past the episode's end, where the last frame stands in): the prediction target of a
+            world-action model (``model=wam``). 0: no future frame.
         state_key: Proprioceptive state feature.
         action_key: Action feature.
         image_keys: Camera features passed to the model; None: every camera of the dataset,
@@ -42,6 +46,7 @@ class LeRobotDataConfig(DataConfig):
     delta_timestamps: Optional[dict] = None
     n_obs_steps: int = 1
     chunk_size: int = 1
+    future_offset: int = 0
     state_key: str = "observation.state"
     action_key: str = "action"
     image_keys: Optional[list[str]] = None

@@ -28,11 +28,16 @@ class FrameSplit:
         length: Items this split reports.
         keys: Features kept (their ``_is_pad`` masks follow them).
         seed: Seed mixed into ``noise_seed``.
+        future: Camera -> whether it has a history window: the last entry of the camera's window
+            is its future frame, split off as ``<camera>.future`` (``_is_pad`` alike); a camera
+            without history keeps its ``[C, H, W]`` shape.
     """
 
-    def __init__(self, frames, order: np.ndarray, length: int, keys: list[str], seed: int = 0):
+    def __init__(self, frames, order: np.ndarray, length: int, keys: list[str], seed: int = 0,
+                 future: dict[str, bool] | None = None):
         self.frames, self.order, self.length, self.keys = frames, order, length, keys
         self.seed = seed
+        self.future = future or {}
 
     def __len__(self) -> int:
         return self.length
@@ -46,6 +51,10 @@ class FrameSplit:
             for name in (key, f"{key}_is_pad"):
                 if name in item:
                     out[name] = torch.from_numpy(np.ascontiguousarray(item[name]))
+        for key, history in self.future.items():
+            for name, future in ((key, f"{key}.future"), (f"{key}_is_pad", f"{key}.future_is_pad")):
+                out[future] = out[name][-1]
+                out[name] = out[name][:-1] if history else out[name][0]
         out["task_index"] = torch.tensor(int(item["task_index"]))
         out["noise_seed"] = torch.tensor((self.seed * 1_000_003 + i) % (2**62), dtype=torch.int64)
         out["task"] = item["task"]
@@ -109,9 +118,17 @@ class LeRobotDataModule:
         if deltas is None:
             deltas = window_delta_timestamps(info.fps, [c.state_key, *cameras], c.n_obs_steps,
                                              c.action_key, c.chunk_size)
+        deltas = dict(deltas)
+        if c.future_offset < 0 or (c.future_offset and not cameras):
+            raise ConfigError(f"data.future_offset={c.future_offset}: needs a camera (data.image_keys) and "
+                              "a number of frames >= 0")
+        # A camera's future frame rides at the end of its window; FrameSplit splits it off.
+        self.future = {key: key in deltas for key in cameras} if c.future_offset else {}
+        for key in self.future:
+            deltas[key] = [*deltas.get(key, [0.0]), c.future_offset / info.fps]
         self.keys = [c.state_key, c.action_key, *cameras]
         self.cameras = cameras
-        self.frames = LeRobotDataset(path, delta_timestamps=dict(deltas), episodes=c.episodes,
+        self.frames = LeRobotDataset(path, delta_timestamps=deltas, episodes=c.episodes,
                                      normalization=dict(c.normalization))
         positions = np.arange(self.frames.num_episodes)
         n_valid = min(c.valid_episodes, len(positions) - 1) if len(positions) > 1 else 0
@@ -129,6 +146,7 @@ class LeRobotDataModule:
             "n_obs_steps": len(self.frames.deltas.get(c.state_key, [0])),
             "num_tasks": len(self.frames.tasks),
             "image_keys": list(self.cameras),
+            "future_offset": c.future_offset,
         }
         if self.cameras:
             h, w, ch = info.features[self.cameras[0]]["shape"]
@@ -139,8 +157,9 @@ class LeRobotDataModule:
         rng = np.random.default_rng(seed)
         epochs = -(-num_train_samples // len(self.train_frames))
         order = np.concatenate([rng.permutation(self.train_frames) for _ in range(epochs)])
-        train = FrameSplit(self.frames, order, num_train_samples, self.keys, seed)
-        valid = FrameSplit(self.frames, self.valid_frames, max(num_valid_samples, 1), self.keys, seed + 1)
+        train = FrameSplit(self.frames, order, num_train_samples, self.keys, seed, self.future)
+        valid = FrameSplit(self.frames, self.valid_frames, max(num_valid_samples, 1), self.keys, seed + 1,
+                           self.future)
         logger.info("lerobot: %d train / %d validation frames", len(self.train_frames), len(self.valid_frames))
         return train, valid
 

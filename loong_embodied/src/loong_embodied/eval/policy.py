@@ -1,7 +1,7 @@
 """A trained policy loaded from a loong run for closed-loop control (one process, no process group).
 
 The run directory's ``config.yaml`` gives the model (any registered policy whose module has
-``sample(batch, generator)``: ``flow_policy``, ``pi05``, ``groot``, ``xvla``), its config (with the shapes the
+``sample(batch, generator)``: ``flow_policy``, ``pi05``, ``groot``, ``xvla``, ``wam``), its config (with the shapes the
 data set) and the dataset it trained on; the dataset's ``meta/stats.json`` and task list give the normalisation and
 the task indices; the weights come from a DCP checkpoint (``checkpoints/iter_N``) loaded into a
 freshly built model, whatever the data-parallel layout it was saved with.
@@ -151,12 +151,15 @@ def build_policy(model_raw: dict, run_dir: Path):
     engines = tuple(entry.meta.get("engines") or ())
     if engines and "torch" not in engines:
         raise ConfigError(f"{run_dir} trained model '{name}' (engine {', '.join(engines)}), not a robot policy: "
-                          "loong eval rollout needs a run of flow_policy, pi05, groot or xvla")
+                          "loong eval rollout needs a run of flow_policy, pi05, groot, xvla or wam")
+    from loong_core.config.validate import build_dataclass
+
     config_cls = entry.load_meta("config")
     names = {f.name for f in fields(config_cls)}
-    config = config_cls(**{k: v for k, v in model_raw.items() if k in names})
+    # Typed as training built it: nested config dataclasses (wam's objective) come back as dataclasses.
+    config = build_dataclass(config_cls, {k: v for k, v in model_raw.items() if k in names}, "model")
     model = entry.load()(config).build_torch_model()
     if not hasattr(model, "sample"):
         raise ConfigError(f"{run_dir} trained model '{name}', which has no sample(batch) method; rollout needs "
-                          "a policy (flow_policy, pi05, groot, xvla)")
+                          "a policy (flow_policy, pi05, groot, xvla, wam)")
     return config, model

@@ -35,9 +35,11 @@ def patchify(x: torch.Tensor, p: int) -> torch.Tensor:
     return x.view(b, ch, h // p, p, w // p, p).permute(0, 2, 4, 1, 3, 5).reshape(b, (h // p) * (w // p), ch * p * p)
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Bidirectional attention in ``[b, s, h, d]`` layout."""
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention in ``[b, s, h, d]`` layout: bidirectional, or limited by a boolean ``mask``
+    ``[s, s]`` (True: the query row may attend to the key column)."""
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                         attn_mask=mask)
     return out.transpose(1, 2)
 
 
@@ -56,11 +58,17 @@ class DiTBlock(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(h, inner), nn.GELU(approximate="tanh"), nn.Linear(inner, h))
         self.ada = nn.Linear(h, 6 * h)
 
-    def forward(self, x: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cond: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``x [B, N, h]`` tokens, ``cond [B, h]``; ``mask [N, N]`` (True: may attend) or None (all)."""
         shift1, scale1, gate1, shift2, scale2, gate2 = self.ada(F.silu(cond)).chunk(6, dim=-1)
         b, n, h = x.shape
         q, k, v = self.qkv(modulate(self.norm1, x, shift1, scale1)).view(b, n, 3, self.heads, -1).unbind(2)
-        attn = ulysses.attention(q, k, v, _attend)  # all-to-all over tokens <-> heads under Ulysses
+        if mask is None:
+            attn = ulysses.attention(q, k, v, _attend)  # all-to-all over tokens <-> heads under Ulysses
+        else:
+            if ulysses.size() > 1:
+                raise ValueError("an attention mask is not supported under Ulysses sequence parallelism")
+            attn = _attend(q, k, v, mask)
         x = x + gate1[:, None] * self.proj(attn.reshape(b, n, h))
         return x + gate2[:, None] * self.mlp(modulate(self.norm2, x, shift2, scale2))
 

@@ -59,15 +59,21 @@ def interpolate(actions: torch.Tensor, noise: torch.Tensor, t: torch.Tensor) -> 
     return (1.0 - tt) * actions + tt * noise, noise - actions
 
 
+def masked_chunk_mean(error: torch.Tensor, batch: dict) -> torch.Tensor:
+    """Per-sample mean ``[B]`` of an element-wise ``error`` ``[B, chunk, dim]`` over the chunk's
+    non-padded actions (``action_is_pad``; all of them without it)."""
+    if "action_is_pad" in batch:
+        valid = (~batch["action_is_pad"].bool()).float().to(error.device)[..., None]
+    else:
+        valid = torch.ones(*error.shape[:2], 1, device=error.device)
+    err = (error.float() * valid).sum(dim=(1, 2))
+    return err / (valid.sum(dim=(1, 2)) * error.shape[-1]).clamp(min=1.0)
+
+
 def masked_flow_loss(pred: torch.Tensor, target: torch.Tensor, batch: dict) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """``(loss_sum, count, metrics)`` as the torch engine wants: per-sample mean squared error over the
     chunk's non-padded actions (``action_is_pad``), summed over the micro batch."""
-    if "action_is_pad" in batch:
-        valid = (~batch["action_is_pad"].bool()).float().to(pred.device)[..., None]
-    else:
-        valid = torch.ones(*pred.shape[:2], 1, device=pred.device)
-    err = ((pred.float() - target.float()) ** 2 * valid).sum(dim=(1, 2))
-    per_sample = err / (valid.sum(dim=(1, 2)) * pred.shape[-1]).clamp(min=1.0)
+    per_sample = masked_chunk_mean((pred.float() - target.float()) ** 2, batch)
     loss_sum = per_sample.sum()
     count = torch.tensor(float(pred.shape[0]), device=pred.device)
     return loss_sum, count, {"loss": torch.stack([loss_sum.detach(), count])}

@@ -1,0 +1,1 @@
+"""A world-action model: one DiT denoises future observation latents and actions jointly."""
