@@ -49,7 +49,9 @@ def test_resuming_from_step_2_reproduces_step_3(one_rank, tmp_path):
     assert losses(resumed) == {3: losses(run_dir)[3]}
 
 
+# wam's FSDP2 units are loong_diffusion's DiT blocks, whose FSDP2 run loong_diffusion's tests follow
 @pytest.mark.multirank
+@pytest.mark.parametrize("one_rank", ["pi05", "groot", "xvla"], indirect=True)
 def test_fsdp2_over_two_ranks_follows_one_rank(one_rank, tmp_path):
     policy, dataset, run_dir = one_rank
     run_train(_overrides(policy, dataset, tmp_path / "fsdp2", "parallel=fsdp", "trainer.save_at_end=false"),
