@@ -85,6 +85,18 @@ def lerobot_reference() -> LeRobotReference:
     return LeRobotReference(LEROBOT_VENV)
 
 
+@pytest.fixture
+def one_torch_thread():
+    """Tiny policies in-process: one torch thread (extra threads only spin on a shared CPU; 25 steps
+    of a tiny pi05 took 0.5 s instead of 30 s)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def make_frames(seed: int = 0) -> list[list[dict]]:
     """Random frames of EPISODES (episode -> frames), deterministic in ``seed``."""
     rng = np.random.default_rng(seed)

@@ -21,13 +21,7 @@ COMMON = dict(state_dim=5, action_dim=2, chunk_size=4, image_size=[3, 16, 16], i
               max_text_tokens=12, num_inference_steps=3, time_embedding_dim=16)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny matrices: extra threads only spin on a shared CPU (25 steps: 0.5 s instead of 30 s)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def pi05(**overrides) -> Pi05Provider:

@@ -12,14 +12,7 @@ from loong_core.testing import losses, run_train
 from loong_embodied.policies.wam.config import WAMConfig
 from loong_embodied.policies.wam.provider import WAMProvider
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny matrices: extra threads only spin on a shared CPU."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def provider(**overrides) -> WAMProvider:

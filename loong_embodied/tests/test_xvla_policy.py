@@ -23,12 +23,7 @@ SIZES = dict(name="xvla", state_dim=5, action_dim=2, chunk_size=4, image_size=[3
              max_action_dim=4, dropout=0.0)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def provider(**overrides) -> XVLAProvider:
