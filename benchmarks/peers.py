@@ -12,7 +12,10 @@ Modalities (``--modality``; the arms of each are described in its module):
 * ``vlm`` (``peers_vlm.py``): a small Qwen2.5-VL on records with images of mixed sizes, ``loong
   train`` (packed) vs transformers' ``Qwen2_5_VLForConditionalGeneration`` (its processor, padded
   batch);
-* ``vla``: not measured yet; its row says what it waits for.
+* ``vla`` (``embodied_peers.py``): loong's ``groot`` and ``xvla`` action heads vs LeRobot 0.4.4's
+  (GR00T N1.5's ``FlowmatchingActionHead``; ``XVLAPolicy.forward`` with its Florence-2 encoding
+  replaced by the same tokens), LeRobot in its own venv; that module's docstring says what each arm
+  runs.
 
 Every arm runs in a fresh process; arms are interleaved round by round (a busy moment of a shared
 machine hits every arm alike); the first ``--warmup`` steps of every process are dropped; the table
@@ -20,7 +23,7 @@ gives the median and the fastest step of each arm and loong's speed-up over it (
 loong's time: above 1 means loong is faster). Same shape, data, batch, optimizer (torch's fused
 AdamW), precision (fp32) and threads (all cores) in every arm; each row states its settings.
 
-Usage: python benchmarks/peers.py [--modality dense moe dit vlm] [--rounds 3] [--steps 8] [--warmup 2]
+Usage: python benchmarks/peers.py [--modality dense moe dit vlm vla] [--rounds 3] [--steps 8] [--warmup 2]
        [--arms loong,transformers] [--smoke]
 """
 
@@ -34,10 +37,8 @@ from pathlib import Path
 
 import peers_harness
 
-MODALITIES = {"dense": "peers_dense", "moe": "peers_moe", "dit": "peers_dit", "vlm": "peers_vlm"}
-WAITING = {
-    "vla": "VLA (pi05 / groot vs LeRobot's loop): waits for the embodied issue's LeRobot harness",
-}
+MODALITIES = {"dense": "peers_dense", "moe": "peers_moe", "dit": "peers_dit", "vlm": "peers_vlm",
+              "vla": "embodied_peers"}
 DEFAULT_ARMS = {"dense": "loong,loong_auto,transformers",
                 "moe": "loong,loong_sequential,loong_auto,loong_ep2,transformers,transformers_eager",
                 "dit": "loong,loong_auto,diffusers",
@@ -50,6 +51,10 @@ def _modality(name: str):
 
 def _measure(name: str, args) -> None:
     module = _modality(name)
+    if name == "vla":   # two policies, a table each, LeRobot's arm in its venv: the module runs itself
+        print("\n".join(module.measure(list(module.SHAPES), args.rounds, args.steps, args.warmup, os.cpu_count(),
+                                       args.smoke)))
+        return
     shape_name = "smoke" if args.smoke else "default"
     shape = module.SHAPES[shape_name]
     arms = [a for a in (args.arms or DEFAULT_ARMS[name]).split(",") if a]
@@ -69,8 +74,7 @@ def _measure(name: str, args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--modality", nargs="+", default=["dense", "moe", "dit", "vlm"],
-                        choices=[*MODALITIES, *WAITING])
+    parser.add_argument("--modality", nargs="+", default=list(MODALITIES), choices=list(MODALITIES))
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (one process per arm each)")
     parser.add_argument("--steps", type=int, default=8, help="steps per process")
     parser.add_argument("--warmup", type=int, default=2, help="first steps of each process dropped")
@@ -91,10 +95,7 @@ def main() -> None:
     if args.smoke:
         args.rounds, args.steps, args.warmup = 1, 3, 1
     for name in args.modality:
-        if name in WAITING:
-            print(f"\n### {name}: {WAITING[name]}")
-        else:
-            _measure(name, args)
+        _measure(name, args)
 
 
 if __name__ == "__main__":

@@ -51,32 +51,40 @@ def build(s: dict) -> FlowmatchingActionHead:
     return head
 
 
+def head_inputs(io: dict, embodiment: int) -> tuple[BatchFeature, BatchFeature]:
+    """The head's two arguments: backbone output (``io["features"]``, all valid) and action inputs
+    (``io["state"]``, ``io["actions"]``, every action valid, one embodiment for the batch)."""
+    b, tokens = io["features"].shape[:2]
+    backbone = {"backbone_features": io["features"], "backbone_attention_mask": torch.ones(b, tokens)}
+    inputs = {"state": io["state"], "action": io["actions"], "embodiment_id": torch.full((b,), embodiment),
+              "action_mask": torch.ones_like(io["actions"])}
+    return BatchFeature(backbone), BatchFeature(inputs)
+
+
 def main(out: Path, s: dict) -> None:
     torch.manual_seed(s["seed"])
     head = build(s)
-    b, e = s["batch"], s["embodiment"]
+    b = s["batch"]
     io = {"features": torch.randn(b, s["tokens"], s["backbone_width"]),
           "state": torch.randn(b, 1, s["state_dim"]),
           "actions": torch.rand(b, s["chunk"], s["action_dim"]) * 2 - 1,
           "noise": torch.randn(b, s["chunk"], s["action_dim"]),
           "tau": torch.rand(b) * 0.999}
-    backbone = {"backbone_features": io["features"], "backbone_attention_mask": torch.ones(b, s["tokens"])}
-    inputs = {"state": io["state"], "action": io["actions"], "embodiment_id": torch.full((b,), e),
-              "action_mask": torch.ones_like(io["actions"])}
+    backbone, inputs = head_inputs(io, s["embodiment"])
     # The head draws its noise and time inside forward(); hand it the ones saved above.
     head.sample_time = lambda batch_size, device, dtype: io["tau"].to(device, dtype)
     real_randn = torch.randn
     torch.randn = lambda *args, **kwargs: io["noise"].clone()
     try:
         head.train()
-        io["loss"] = head(BatchFeature(dict(backbone)), BatchFeature(dict(inputs)))["loss"].detach().reshape(1)
+        io["loss"] = head(backbone, inputs)["loss"].detach().reshape(1)
     finally:
         torch.randn = real_randn
     head.eval()
     torch.manual_seed(s["sample_seed"])
     io["initial_noise"] = torch.randn(b, s["chunk"], s["action_dim"])
     torch.manual_seed(s["sample_seed"])
-    io["action_chunk"] = head.get_action(BatchFeature(dict(backbone)), BatchFeature(dict(inputs)))["action_pred"]
+    io["action_chunk"] = head.get_action(*head_inputs(io, s["embodiment"]))["action_pred"]
     out.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in head.state_dict().items()}, out / "head.safetensors")
     save_file({k: v.contiguous() for k, v in io.items()}, out / "io.safetensors")

@@ -56,6 +56,17 @@ def build(s: dict) -> XVLAPolicy:
     return policy
 
 
+def feed(policy: XVLAPolicy, io: dict) -> dict:
+    """Replaces ``policy``'s Florence-2 encoding by ``io["features"]`` and ``io["aux"]``; the policy's
+    training batch of ``io["state"]``, ``io["actions"]`` and ``io["domain_id"]`` (placeholder
+    language tokens and image, which only that encoding reads)."""
+    policy.model.forward_vlm = lambda *args, **kwargs: {"vlm_features": io["features"],
+                                                         "aux_visual_inputs": io["aux"]}
+    b = io["state"].shape[0]
+    return {OBS_LANGUAGE_TOKENS: torch.zeros(b, 4, dtype=torch.long), IMAGE: torch.zeros(b, 3, 32, 32),
+            OBS_STATE: io["state"], ACTION: io["actions"], "domain_id": io["domain_id"]}
+
+
 def main(out: Path, s: dict) -> None:
     torch.manual_seed(s["seed"])
     policy = build(s)
@@ -64,10 +75,7 @@ def main(out: Path, s: dict) -> None:
           "state": torch.randn(b, 1, s["state_dim"]), "actions": torch.rand(b, s["chunk"], s["action_dim"]) * 2 - 1,
           "domain_id": torch.tensor(s["domain_ids"]), "noise": torch.randn(b, s["chunk"], s["max_action_dim"]),
           "u": torch.rand(1)}
-    policy.model.forward_vlm = lambda *args, **kwargs: {"vlm_features": io["features"],
-                                                         "aux_visual_inputs": io["aux"]}
-    batch = {OBS_LANGUAGE_TOKENS: torch.zeros(b, 4, dtype=torch.long), IMAGE: torch.zeros(b, 3, 32, 32),
-             OBS_STATE: io["state"], ACTION: io["actions"], "domain_id": io["domain_id"]}
+    batch = feed(policy, io)
     seen = {}
     transformer_forward = policy.model.transformer.forward
 
