@@ -73,6 +73,29 @@ class DiTBlock(nn.Module):
         return x + gate2[:, None] * self.mlp(modulate(self.norm2, x, shift2, scale2))
 
 
+
+def init_adaln_zero(model: nn.Module, blocks, embeddings, zero_layers) -> None:
+    """The DiT initialisation: Xavier-uniform linears with zero biases, ``N(0, 0.02)`` embeddings
+    and positions, zero adaLN weights in every block and zero ``zero_layers`` (the final adaLN and
+    output projections), so every block starts as the identity and the output at zero.
+
+    Args:
+        model: Module whose ``nn.Linear`` layers are initialised.
+        blocks: :class:`DiTBlock` s.
+        embeddings: Position and embedding tensors drawn from ``N(0, 0.02)``.
+        zero_layers: Linear layers whose weights start at zero.
+    """
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            nn.init.xavier_uniform_(module.weight)
+            nn.init.zeros_(module.bias)
+    for tensor in embeddings:
+        nn.init.normal_(tensor, std=0.02)
+    for block in blocks:
+        nn.init.zeros_(block.ada.weight)
+    for layer in zero_layers:
+        nn.init.zeros_(layer.weight)
+
 class DiT(nn.Module):
     """Class-conditional DiT predicting the flow-matching velocity of an image."""
 
@@ -93,16 +116,7 @@ class DiT(nn.Module):
 
     def reset_parameters(self) -> None:
         """Xavier linears, zero adaLN and output layers (every block starts as the identity)."""
-        for module in self.modules():
-            if isinstance(module, nn.Linear):
-                nn.init.xavier_uniform_(module.weight)
-                nn.init.zeros_(module.bias)
-        nn.init.normal_(self.pos, std=0.02)
-        nn.init.normal_(self.label.weight, std=0.02)
-        for block in self.blocks:
-            nn.init.zeros_(block.ada.weight)
-        for layer in (self.ada, self.out):
-            nn.init.zeros_(layer.weight)
+        init_adaln_zero(self, self.blocks, [self.pos, self.label.weight], [self.ada, self.out])
 
     def forward(self, x: torch.Tensor, timestep: torch.Tensor, class_label: torch.Tensor) -> torch.Tensor:
         """``x [B, C, H, W]``, ``timestep [B]`` in [0, 1000], ``class_label [B]`` -> velocity like ``x``."""

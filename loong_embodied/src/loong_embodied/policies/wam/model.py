@@ -18,7 +18,7 @@ from torch import nn
 
 from loong_core.errors import ConfigError
 from loong_diffusion.families.dit.config import DiTConfig
-from loong_diffusion.families.dit.model import DiTBlock, modulate, timestep_embedding
+from loong_diffusion.families.dit.model import DiTBlock, init_adaln_zero, modulate, timestep_embedding
 from loong_diffusion.sampling import sigma_schedule
 from loong_embodied.policies.wam.config import WAMConfig
 from loong_embodied.policies.wam.latents import camera_latents
@@ -63,17 +63,8 @@ class WorldActionModel(nn.Module):
 
     def reset_parameters(self) -> None:
         """As loong_diffusion's DiT: Xavier linears, zero biases, adaLN-Zero blocks, zero outputs."""
-        for module in self.modules():
-            if isinstance(module, nn.Linear):
-                nn.init.xavier_uniform_(module.weight)
-                nn.init.zeros_(module.bias)
-        for pos in (self.obs_pos, self.future_pos, self.action_pos):
-            nn.init.normal_(pos, std=0.02)
-        nn.init.normal_(self.task.weight, std=0.02)
-        for block in self.blocks:
-            nn.init.zeros_(block.ada.weight)
-        for layer in (self.ada, self.action_out, self.future_out):
-            nn.init.zeros_(layer.weight)
+        init_adaln_zero(self, self.blocks, [self.obs_pos, self.future_pos, self.action_pos, self.task.weight],
+                        [self.ada, self.action_out, self.future_out])
 
     def context(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """``(tokens [B, 1 + patches, h], task embedding [B, h])``: the clean state and current latents."""
