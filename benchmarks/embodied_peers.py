@@ -34,7 +34,6 @@ import functools
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -224,30 +223,17 @@ def _lerobot_python() -> Path:
 
 
 def _run_arm(policy: str, arm: str, *, shape: str, steps: int, threads: int, meta: dict) -> list[float]:
-    """One arm in a fresh process (LeRobot's with its venv's python, offline); its step times.
-
-    Raises:
-        RuntimeError: The process failed; the message holds the last line of its stderr.
-    """
+    """One arm in a fresh process (LeRobot's with its venv's python, offline); its step times."""
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "times.json"
         env = {k: v for k, v in os.environ.items() if arm == "loong" or not k.startswith(("PYTHON", "LOONG_"))}
         env.update(OMP_NUM_THREADS=str(threads), CUDA_VISIBLE_DEVICES="")
-        python = sys.executable
+        python = None
         if arm == "lerobot":
             python = str(_lerobot_python())
             env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HOME=f"{tmp}/hf-home",
                        HF_LEROBOT_HOME=f"{tmp}/lerobot-home", WANDB_MODE="disabled")
-        cmd = [python, str(Path(__file__).resolve()), "--worker", policy, arm, "--shape", shape, "--steps", str(steps),
-               "--threads", str(threads), "--out", str(out)]
-        try:
-            result = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=tmp)
-        except subprocess.TimeoutExpired:
-            raise RuntimeError(f"{arm} timed out after 900 s") from None
-        if result.returncode:
-            lines = [line for line in result.stderr.strip().splitlines() if line.strip()] or ["no output"]
-            raise RuntimeError(f"{arm} failed: {lines[-1][:200]}")
-        record = json.loads(out.read_text())
+        record = peers_harness.run_worker(str(Path(__file__).resolve()), policy, arm, shape, steps,
+                                          ["--threads", str(threads)], python=python, env=env, cwd=tmp)
         meta[arm] = record["meta"]
         return record["times"]
 

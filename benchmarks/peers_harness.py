@@ -25,18 +25,32 @@ from pathlib import Path
 
 
 def run_worker(script: str, modality: str, arm: str, shape_name: str, steps: int, extra: Sequence[str] = (),
-               timeout: float = 900) -> list[float]:
-    """Run one arm in a fresh ``python SCRIPT --worker`` process; its step times.
+               timeout: float = 900, python: str | None = None, env: dict | None = None,
+               cwd: str | None = None):
+    """Run one arm in a fresh ``PYTHON SCRIPT --worker`` process; the JSON it wrote (its step times).
+
+    Args:
+        script: The benchmark script (its ``--worker`` mode runs the arm).
+        modality: First ``--worker`` value (a modality, or a policy).
+        arm: Second ``--worker`` value.
+        shape_name: ``--shape``.
+        steps: ``--steps``.
+        extra: Further arguments.
+        timeout: Seconds before the worker is killed.
+        python: Interpreter (None: this one; another venv's for a peer that lives there).
+        env: The worker's whole environment (None: this one with ``OMP_NUM_THREADS`` = all cores).
+        cwd: Working directory of the worker.
 
     Raises:
         RuntimeError: The worker failed; the message holds the last line of its stderr.
     """
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
-        cmd = [sys.executable, script, "--worker", modality, arm, "--shape", shape_name, "--steps", str(steps),
-               "--out", out.name, *extra]
+        cmd = [python or sys.executable, script, "--worker", modality, arm, "--shape", shape_name,
+               "--steps", str(steps), "--out", out.name, *extra]
+        if env is None:
+            env = {**os.environ, "OMP_NUM_THREADS": str(os.cpu_count())}
         try:
-            result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                                    env={**os.environ, "OMP_NUM_THREADS": str(os.cpu_count())})
+            result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
         except subprocess.TimeoutExpired:
             raise RuntimeError(f"{arm} timed out after {timeout:.0f} s") from None
         if result.returncode:
