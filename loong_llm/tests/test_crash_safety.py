@@ -53,8 +53,11 @@ def loong_on_log_step(run, step, metrics):
 # Each rank notes the checkpoint writers it forked (children running its own command line) while
 # they work, and at the end of training its children that are zombies or writers still running.
 WRITER_WATCH_PLUGIN = '''
+import glob
 import json
 import os
+import threading
+import time
 from loong_core.hookspecs import hookimpl
 
 SEEN = {"writers_seen": 0}
@@ -74,9 +77,34 @@ def _children():
     return out
 
 
+def _live_writer():
+    for listing in glob.glob("/proc/self/task/*/children"):
+        try:
+            pids = open(listing).read().split()
+        except OSError:
+            continue
+        for pid in pids:
+            try:
+                stat = open(f"/proc/{pid}/stat").read()
+            except OSError:
+                continue
+            if stat.rsplit(")", 1)[1].split()[0] != "Z" and "(loong-writer)" in stat:
+                return stat
+    return None
+
+
+def _sample(rank):
+    # every few ms, so a writer that lives between two log steps is seen too; the marker is
+    # written at once, so runs killed later count as well
+    while not (seen := _live_writer()):
+        time.sleep(0.002)
+    SEEN["writers_seen"] += 1
+    open(os.path.join(os.environ["WATCH_DIR"], f"seen-rank{rank}-{os.getpid()}"), "w").write(seen)
+
+
 @hookimpl
-def loong_on_log_step(run, step, metrics):
-    SEEN["writers_seen"] += any(forked and state != "Z" for state, forked in _children())
+def loong_on_train_start(run):
+    threading.Thread(target=_sample, args=(run.rank,), daemon=True).start()
 
 
 @hookimpl
@@ -287,7 +315,12 @@ def _writer_watch(tmp_path: Path) -> dict:
 def _watched(tmp_path: Path) -> list[dict]:
     import json
 
-    return [json.loads(p.read_text()) for p in sorted((tmp_path / "watch").iterdir())]
+    return [json.loads(p.read_text()) for p in sorted((tmp_path / "watch").glob("*.json"))]
+
+
+def _writers_seen(tmp_path: Path) -> int:
+    """How many processes of the chain (killed ones included) saw a forked writer at work."""
+    return len(list((tmp_path / "watch").glob("seen-*")))
 
 
 def test_kill9_during_async_saves_resumes_bit_exact_and_leaves_no_writer(tiny, reference_run, tmp_path):
@@ -300,6 +333,7 @@ def test_kill9_during_async_saves_resumes_bit_exact_and_leaves_no_writer(tiny, r
     _assert_recovered(run_dir, losses(reference_run))
     finished = _watched(tmp_path)[-1]  # the run that finished (the killed ones never reached the end)
     assert finished["zombies"] == 0 and finished["writers_left"] == 0, finished
+    assert _writers_seen(tmp_path), "no forked writer was ever seen: the saves were not async"
 
 
 @pytest.mark.multirank
@@ -310,7 +344,7 @@ def test_async_saves_on_dp2_resume_bit_exact_after_kill9(tiny, dp2_reference, tm
     _assert_recovered(run_dir, dp2_reference)
     watched = _watched(tmp_path)
     assert [(w["zombies"], w["writers_left"]) for w in watched] == [(0, 0), (0, 0)], watched  # both ranks
-    assert any(w["writers_seen"] for w in watched), "no forked writer was ever seen: the saves were not async"
+    assert _writers_seen(tmp_path), "no forked writer was ever seen: the saves were not async"
 
 
 def test_a_full_disk_under_an_async_write_fails_that_save_and_training_goes_on(tiny, reference_run, tmp_path):

@@ -25,6 +25,7 @@ import time
 logger = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_NAME = 15
 _POLL = 0.25
 
 
@@ -40,6 +41,20 @@ def die_with_parent() -> None:
         return
     if os.getppid() != parent:  # the parent died before the request took effect
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def name_this_process(name: str) -> None:
+    """Give this process the name ``ps``, ``top`` and ``/proc/PID/comm`` show (Linux ``prctl``).
+
+    Args:
+        name: At most 15 bytes are kept (the kernel's limit).
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+    except (OSError, AttributeError):
+        return
 
 
 def _process_table() -> dict[int, tuple[int, str, int]]:

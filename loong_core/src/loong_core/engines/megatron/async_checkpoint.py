@@ -20,6 +20,9 @@ import os
 import queue
 import threading
 
+#: The forked writer's process name (``ps``, ``top``, ``/proc/PID/comm``).
+WRITER_PROCESS_NAME = "loong-writer"
+
 #: Seconds to wait for a finished writer's results to arrive through the pipe.
 RESULTS_TIMEOUT_S = 60.0
 
@@ -81,10 +84,12 @@ def install_results_queue(asynchronous: bool) -> None:
 
 
 def _writer_main(write, *args, **kwargs) -> None:
-    """The forked writer: dies with the training process (no orphan writes on after a kill)."""
-    from loong_core.reaper import die_with_parent
+    """The forked writer: dies with the training process (no orphan writes on after a kill), and is
+    named :data:`WRITER_PROCESS_NAME` so that ``ps`` tells it from the training process."""
+    from loong_core.reaper import die_with_parent, name_this_process
 
     die_with_parent()
+    name_this_process(WRITER_PROCESS_NAME)
     write(*args, **kwargs)
 
 
