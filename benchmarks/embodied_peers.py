@@ -7,6 +7,10 @@ LeRobot"), at the same sizes, batch, fp32 and thread count:
   both reading the same random backbone features. LeRobot's ``GrootPolicy`` needs the hub's
   Eagle checkpoint, so the head is what both sides train; its ``vlln`` + self-attention blocks
   over the features are included on both.
+* ``groot_mixed``: the same head serving 4 embodiments, each batch mixing them (ids drawn per
+  sample): GR00T's per-embodiment state encoder, action encoder and decoder pick each sample's
+  weights (LeRobot: a gathered weight per sample and a batched matmul; loong: one matmul per
+  embodiment present).
 * ``xvla``: loong's ``xvla`` head against LeRobot's whole ``XVLAPolicy.forward`` (input
   preparation, padding, time and noise draws, soft-prompted transformer, ``auto`` loss, its
   ``.item()`` logging) with its Florence-2 encoding (``forward_vlm``) returning the same random
@@ -23,7 +27,7 @@ interleaved round by round, the first ``--warmup`` steps of each process dropped
 fastest step per arm; loong's speed-up is the LeRobot step time over loong's (its samples/s over
 LeRobot's).
 
-Usage: python benchmarks/embodied_peers.py [--policies groot xvla] [--rounds 3] [--steps 8]
+Usage: python benchmarks/embodied_peers.py [--policies groot groot_mixed xvla] [--rounds 3] [--steps 8]
        [--warmup 2] [--threads 2] [--smoke] [--profile POLICY]
 """
 
@@ -52,6 +56,14 @@ SHAPES = {
                       future_tokens=2, state_dim=5, action_dim=2, chunk=4, max_seq_len=4, embodiments=1,
                       embodiment=0, steps=2, batch=4),
     },
+    "groot_mixed": {
+        "default": dict(width=256, heads=4, layers=4, vl_layers=2, vl_heads=4, backbone_width=256, tokens=48,
+                        future_tokens=8, state_dim=8, action_dim=7, chunk=16, max_seq_len=16, embodiments=4,
+                        embodiment=0, steps=4, batch=32),
+        "smoke": dict(width=32, heads=2, layers=2, vl_layers=1, vl_heads=2, backbone_width=32, tokens=6,
+                      future_tokens=2, state_dim=5, action_dim=2, chunk=4, max_seq_len=4, embodiments=3,
+                      embodiment=0, steps=2, batch=4),
+    },
     "xvla": {   # VLM / auxiliary tokens are 32 wide: the drivers' small Florence-2 config
         "default": dict(width=256, heads=4, layers=3, domains=4, soft_prompts=16, time_dim=32, max_seq_len=128,
                         max_state_dim=16, max_action_dim=20, hetero=False, state_dim=8, action_dim=7, chunk=16,
@@ -64,6 +76,7 @@ SHAPES = {
 OPTIM = dict(lr=1e-4, weight_decay=0.01, fused=True)
 UNIT = "samples"
 _LEROBOT_STEP = {"groot": "LeRobot 0.4.4 `FlowmatchingActionHead.forward` (loss inside)",
+                 "groot_mixed": "LeRobot 0.4.4 `FlowmatchingActionHead.forward` (loss inside)",
                  "xvla": "LeRobot 0.4.4 `XVLAPolicy.forward` (whole training forward, loss and `.item()` logging "
                          "included; `forward_vlm` returns the fixed tokens)"}
 _LOONG_STEP = "loong `provider.torch_forward_step` (the step `loong train` runs; `backbone()` returns the fixed "
@@ -71,8 +84,9 @@ _LOONG_STEP = "loong `provider.torch_forward_step` (the step `loong train` runs;
 
 def describe(policy: str, s: dict) -> str:
     """One line naming the sizes of ``policy``."""
-    if policy == "groot":
-        return (f"GR00T N1.5 head: DiT {s['layers']} blocks x {s['width']} wide, {s['heads']} heads; "
+    if policy.startswith("groot"):
+        return (f"GR00T N1.5 head ({s['embodiments']} embodiment(s), per sample): DiT {s['layers']} blocks x "
+                f"{s['width']} wide, {s['heads']} heads; "
                 f"{s['vl_layers']} self-attention blocks over {s['tokens']} backbone tokens x {s['backbone_width']}; "
                 f"{s['future_tokens']} future tokens, chunk {s['chunk']} x {s['action_dim']}, state {s['state_dim']}, "
                 f"batch {s['batch']}")
@@ -90,8 +104,9 @@ def _inputs(policy: str, s: dict) -> dict:
     b = s["batch"]
     io = {"state": torch.randn(b, 1, s["state_dim"], generator=generator),
           "actions": torch.rand(b, s["chunk"], s["action_dim"], generator=generator) * 2 - 1}
-    if policy == "groot":
+    if policy.startswith("groot"):
         io["features"] = torch.randn(b, s["tokens"], s["backbone_width"], generator=generator)
+        io["embodiment_id"] = torch.randint(0, s["embodiments"], (b,), generator=generator)
     else:
         io["features"] = torch.randn(b, s["tokens"], 32, generator=generator)
         io["aux"] = torch.randn(b, s["aux_tokens"], 32, generator=generator)
@@ -109,16 +124,17 @@ def _loong_policy(policy: str, s: dict):
                   tune_backbone=False)
     io = _inputs(policy, s)
     batch = {"observation.state": io["state"], "action": io["actions"]}
-    if policy == "groot":
+    if policy.startswith("groot"):
         from loong_embodied.policies.groot.config import GrootConfig
         from loong_embodied.policies.groot.model import GrootProvider
 
         config = GrootConfig(name="groot", hidden_size=s["backbone_width"], head_dim=s["backbone_width"] // 4,
                              head_hidden_size=s["width"], head_layers=s["layers"], head_heads=s["heads"],
                              vl_layers=s["vl_layers"], vl_heads=s["vl_heads"], future_tokens=s["future_tokens"],
-                             **common)
+                             num_embodiments=s["embodiments"], **common)
         provider = GrootProvider(config)
-        features = (io["features"], io["features"].new_ones(io["features"].shape[:2], dtype=bool))
+        features = (io["features"], io["features"].new_ones(io["features"].shape[:2], dtype=bool), None)
+        batch["embodiment_id"] = io["embodiment_id"]
     else:
         from loong_embodied.policies.xvla.config import XVLAConfig
         from loong_embodied.policies.xvla.model import XVLAProvider
@@ -163,14 +179,14 @@ def _lerobot(policy: str, s: dict, steps: int) -> tuple[list[float], dict]:
 
     torch.manual_seed(0)
     io = _inputs(policy, s)
-    if policy == "groot":
+    if policy.startswith("groot"):
         import groot_head
 
         module = groot_head.build(s)
         params = [p for p in module.parameters() if p.requires_grad]
 
         def loss():
-            return module(*groot_head.head_inputs(io, s["embodiment"]))["loss"]
+            return module(*groot_head.head_inputs(io))["loss"]
     else:
         import xvla_policy
 
@@ -247,7 +263,7 @@ def measure(policies: list[str], rounds: int, steps: int, warmup: int, threads: 
         times, notes = peers_harness.interleave(
             functools.partial(_run_arm, policy, shape=shape, steps=steps, threads=threads, meta=meta),
             ["loong", "lerobot"], rounds, warmup)
-        fed = "features)" if policy == "groot" else "VLM and auxiliary tokens)"
+        fed = "features)" if policy.startswith("groot") else "VLM and auxiliary tokens)"
         common = f"fused AdamW, fp32, {threads} threads"
         arms = {arm: f"{step}, {common}, {meta[arm]['parameters']:,} trainable parameters, torch {meta[arm]['torch']}"
                 if arm in meta else step

@@ -1,5 +1,11 @@
 """The Pi0.5-style, GR00T-style and X-VLA-style VLA policies: backbone parity with transformers, masks,
-the prefix cache, sampling, freezing and a quick overfit (tiny random configs, CPU, one thread)."""
+the prefix cache, sampling, freezing and a quick overfit (tiny random configs, CPU, one thread).
+
+GR00T's per-embodiment layers and N1.6's layout (at the end) need no reference either: a mixed
+batch equals each sample run alone, gradients reach only the embodiments present, N1.6's text
+cross-attention blocks never read an image token, and ``tune_top_llm_layers`` trains the
+backbone's top layers only (the weight-for-weight checks against LeRobot are in
+``test_lerobot_groot.py``, marker ``lerobot``)."""
 
 from __future__ import annotations
 
@@ -9,6 +15,8 @@ import torch
 from loong_core.errors import ConfigError
 from loong_embodied.policies.common import flow
 from loong_embodied.policies.groot.config import GrootConfig
+from loong_embodied.policies.groot.dit import DiT
+from loong_embodied.policies.groot.embodiment import EmbodimentGroups, EmbodimentLinear
 from loong_embodied.policies.groot.model import GrootProvider
 from loong_embodied.policies.pi05.config import Pi05Config
 from loong_embodied.policies.pi05.model import Pi05Provider
@@ -30,8 +38,8 @@ def pi05(**overrides) -> Pi05Provider:
 
 
 def groot(**overrides) -> GrootProvider:
-    return GrootProvider(GrootConfig(name="groot", head_hidden_size=32, head_layers=2, head_heads=2,
-                                     **{**COMMON, **overrides}))
+    return GrootProvider(GrootConfig(name="groot", **{"head_hidden_size": 32, "head_layers": 2, "head_heads": 2,
+                                                      **COMMON, **overrides}))
 
 
 def xvla(**overrides) -> XVLAProvider:
@@ -172,3 +180,104 @@ def test_pi05_time_is_pi0s_beta_scaled_to_0p001_1():
     """LeRobot's ``sample_time``: ``Beta(1.5, 1) * 0.999 + 0.001``, by its inverse CDF."""
     u = torch.tensor([0.0, 0.125, 1.0])
     torch.testing.assert_close(flow.pi0_time(u), torch.tensor([0.001, 0.001 + 0.999 * 0.25, 1.0]))
+
+
+# GR00T's per-embodiment layers and N1.6's layout
+
+N16 = dict(vl_layers=0, future_tokens=0, head_layers=4, attend_text_every=2, num_embodiments=3)
+
+
+def test_a_mixed_batch_equals_each_sample_run_alone_and_trains_only_the_embodiments_present():
+    torch.manual_seed(0)
+    layer = EmbodimentLinear(4, 6, 5)
+    x, ids = torch.randn(5, 3, 6), torch.tensor([2, 0, 2, 3, 0])
+    out = layer(x, EmbodimentGroups(ids, 4))
+    for i in range(5):
+        alone = layer(x[i:i + 1], EmbodimentGroups(ids[i:i + 1], 4))
+        torch.testing.assert_close(out[i:i + 1], alone, rtol=0, atol=1e-6)
+        torch.testing.assert_close(alone, x[i:i + 1] @ layer.weight[ids[i]].T + layer.bias[ids[i]], rtol=0, atol=1e-6)
+    out.square().sum().backward()
+    assert layer.weight.grad[1].abs().max() == 0 and layer.bias.grad[1].abs().max() == 0   # embodiment 1 absent
+    assert all(layer.weight.grad[e].abs().max() > 0 for e in (0, 2, 3))
+
+
+def test_an_embodiment_id_beyond_num_embodiments_names_the_setting():
+    with pytest.raises(ConfigError, match="model.num_embodiments=3"):
+        EmbodimentGroups(torch.tensor([0, 3]), 3)
+
+
+def test_the_policy_reads_each_samples_embodiment_id():
+    torch.manual_seed(0)
+    model = groot(**N16).build_torch_model().eval()
+    b = batch(3)
+    x_t, t = torch.randn(3, 4, 2), torch.tensor([0.2, 0.5, 0.9])
+    features = model.features(b)
+    mixed = model.velocity({**b, "embodiment_id": torch.tensor([0, 2, 1])}, x_t, t, *features)
+    for i, e in enumerate([0, 2, 1]):
+        one = {k: v[i:i + 1] for k, v in b.items() if k != "task"} | {"task": b["task"][i:i + 1]}
+        alone = model.velocity({**one, "embodiment_id": torch.tensor([e])}, x_t[i:i + 1], t[i:i + 1],
+                               *(f[i:i + 1] for f in features))
+        torch.testing.assert_close(mixed[i:i + 1], alone, rtol=0, atol=1e-5)
+    default = model.velocity(b, x_t, t, *features)               # no ids in the batch: model.embodiment_id (0)
+    torch.testing.assert_close(default, model.velocity({**b, "embodiment_id": torch.zeros(3, dtype=torch.long)},
+                                                       x_t, t, *features), rtol=0, atol=0)
+    assert (default - mixed)[1:].abs().max() > 1e-4
+
+
+def _dit_reads_images(layers: int) -> bool:
+    """Whether a ``layers``-block N1.6 DiT's output moves when only the image tokens change."""
+    torch.manual_seed(0)
+    dit = DiT(16, layers, 2, context_dim=8, attend_text_every=2).eval()
+    x, cond, context = torch.randn(2, 5, 16), torch.randn(2, 16), torch.randn(2, 6, 8)
+    valid, image = torch.ones(2, 6, dtype=torch.bool), torch.tensor([[True] * 3 + [False] * 3] * 2)
+    moved = context.clone()
+    moved[:, :3] += 1.0
+    return not torch.allclose(dit(x, cond, context, valid, image), dit(x, cond, moved, valid, image), atol=1e-6)
+
+
+def test_n16_dit_reads_text_in_block_0_and_images_in_block_2():
+    assert not _dit_reads_images(2)           # block 0 (text) and block 1 (self): image tokens never read
+    assert _dit_reads_images(3)               # block 2 reads the images
+    with pytest.raises(ValueError, match="image-token mask"):
+        DiT(16, 2, 2, context_dim=8, attend_text_every=2)(torch.randn(1, 2, 16), torch.randn(1, 16),
+                                                          torch.randn(1, 3, 8), torch.ones(1, 3, dtype=torch.bool))
+
+
+def test_the_backbone_marks_its_camera_tokens_as_image_tokens():
+    model = groot(**N16).build_torch_model()
+    hidden, valid, image = model.backbone(batch(2))
+    cameras = (16 // 8) ** 2                                   # one camera, 8-px patches of a 16-px image
+    assert image.shape == valid.shape == hidden.shape[:2]
+    assert image[:, :cameras].all() and not image[:, cameras:].any()
+
+
+def test_tune_top_llm_layers_trains_the_top_layers_and_nothing_else_of_the_backbone():
+    torch.manual_seed(0)
+    provider = groot(**N16, tune_top_llm_layers=1)
+    model = provider.build_torch_model()
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad and n.startswith(("vision.", "language."))}
+    assert trainable and all(n.startswith(("language.layers.1.", "language.norm.")) for n in trainable), trainable
+    loss_sum, count, _ = provider.torch_forward_step(model.train(), batch(2))
+    (loss_sum / count).backward()
+    assert all(p.grad is not None and p.grad.abs().max() > 0 for n, p in model.named_parameters() if n in trainable)
+    assert all(p.grad is None for n, p in model.named_parameters() if n.startswith("language.layers.0."))
+    with pytest.raises(ConfigError, match="model.tune_top_llm_layers=3"):
+        groot(tune_top_llm_layers=3).build_torch_model()
+
+
+def test_n16_policy_learns_a_fixed_batch():
+    torch.manual_seed(0)
+    provider = groot(**N16, tune_top_llm_layers=1)
+    model = provider.build_torch_model().train()
+    b = {**batch(4), "embodiment_id": torch.tensor([0, 1, 2, 1])}
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=3e-3)
+    noise, t = torch.randn(4, 4, 2, generator=torch.Generator().manual_seed(1)), torch.full((4,), 0.5)
+    x_t, target = flow.interpolate(b["action"], noise, t)
+    first = None
+    for _ in range(40):
+        loss = (model(b, x_t, t) - target).square().mean()
+        first = float(loss) if first is None else first
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    assert float(loss) < 0.1 * first, (first, float(loss))

@@ -1,6 +1,7 @@
-"""``pi05_debug``, ``groot_debug``, ``xvla_debug`` and ``wam_debug`` as real ``loong train`` jobs on
-the shared Meta-World dataset: training, checkpoints and resuming, FSDP2 over 2 ranks against one
-rank, and a closed-loop rollout."""
+"""``pi05_debug``, ``groot_debug``, ``groot_n16_debug``, ``xvla_debug`` and ``wam_debug`` as real
+``loong train`` jobs on the shared Meta-World dataset: training, checkpoints and resuming, FSDP2
+over 2 ranks against one rank (GR00T as N1.6, whose top backbone layer trains inside the sharded
+model), and a closed-loop rollout."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 
 from loong_core.testing import losses, run_train
 
-POLICIES = ["pi05", "groot", "xvla", "wam"]
+POLICIES = ["pi05", "groot", "groot_n16", "xvla", "wam"]
 STEPS = 3
 ENV = {"LOONG_PLUGINS": "embodied"}
 
@@ -51,7 +52,7 @@ def test_resuming_from_step_2_reproduces_step_3(one_rank, tmp_path):
 
 # wam's FSDP2 units are loong_diffusion's DiT blocks, whose FSDP2 run loong_diffusion's tests follow
 @pytest.mark.multirank
-@pytest.mark.parametrize("one_rank", ["pi05", "groot", "xvla"], indirect=True)
+@pytest.mark.parametrize("one_rank", ["pi05", "groot_n16", "xvla"], indirect=True)
 def test_fsdp2_over_two_ranks_follows_one_rank(one_rank, tmp_path):
     policy, dataset, run_dir = one_rank
     run_train(_overrides(policy, dataset, tmp_path / "fsdp2", "parallel=fsdp", "trainer.save_at_end=false"),

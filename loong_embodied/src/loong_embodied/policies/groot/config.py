@@ -1,4 +1,4 @@
-"""Config of the GR00T-N1.5-style policy (light: no torch import)."""
+"""Config of the GR00T-style policy, N1.5 and N1.6 layouts (light: no torch import)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from loong_embodied.policies.common.config import VLAConfig
 @dataclass
 class GrootConfig(VLAConfig):
     """VLM features (SigLIP + decoder, cut after ``num_layers`` layers: the "middle layer" GR00T
-    reads) conditioning a DiT flow-matching action head laid out as GR00T N1.5's in LeRobot 0.4.4.
+    reads) conditioning a DiT flow-matching action head laid out as GR00T N1.5's in LeRobot 0.4.4;
+    ``model=groot_n16`` sets GR00T N1.6's layout (no VL self-attention blocks, no future tokens,
+    the DiT alternating text and image cross-attention, the top backbone layers trained).
 
     Attributes:
         tune_backbone: Train the vision tower, projector and language model too (GR00T trains
@@ -27,6 +29,14 @@ class GrootConfig(VLAConfig):
         vl_layers: Self-attention blocks over the normalised VLM features before the DiT reads
             them (GR00T's ``vl_self_attention``; 0: none).
         vl_heads: Attention heads of those blocks (they must divide ``hidden_size``).
+        num_embodiments: Embodiments the head serves: the state encoder, action encoder and action
+            decoder hold one set of weights per embodiment (GR00T's category-specific layers).
+        embodiment_id: The embodiment of batches without an ``embodiment_id`` entry.
+        attend_text_every: GR00T N1.6's ``AlternateVLDiT``: cross-attention block ``i`` reads only
+            the text tokens when ``i % (2 * attend_text_every) == 0``, only the image tokens
+            otherwise (0: every cross-attention block reads every token, as N1.5).
+        tune_top_llm_layers: With ``tune_backbone=false``, train the language model's last this-many
+            layers and its final norm anyway (N1.6 trains the top 4).
     """
 
     tune_backbone: bool = False
@@ -39,4 +49,8 @@ class GrootConfig(VLAConfig):
     future_tokens: int = 32
     vl_layers: int = 4
     vl_heads: int = 16
+    num_embodiments: int = 1
+    embodiment_id: int = 0
+    attend_text_every: int = 0
+    tune_top_llm_layers: int = 0
     num_inference_steps: int = 4

@@ -7,6 +7,11 @@ the blocks alternate cross-attention to the VLM features (even) and self-attenti
 future and action tokens (odd); an adaptive LayerNorm and a projection close it. The VLM
 features pass through plain (affine) blocks first. The layout, names aside, is LeRobot 0.4.4's
 GR00T N1.5 action head (``tests/test_lerobot_groot.py`` checks it weight for weight).
+
+GR00T N1.6's DiT (Isaac-GR00T's ``AlternateVLDiT``) is the same stack whose cross-attention
+blocks read either the text tokens or the image tokens of the VLM features, never both: with
+``attend_text_every=n``, cross block ``i`` reads the text when ``i % (2 n) == 0`` and the images
+otherwise (n=2: blocks 0, 4, 8... text; 2, 6, 10... images).
 """
 
 from __future__ import annotations
@@ -111,8 +116,9 @@ class DiT(nn.Module):
     """``layers`` time-conditioned :class:`Block` (even: cross-attention, odd: self-attention) and an
     adaptive-LayerNorm output projection."""
 
-    def __init__(self, width: int, layers: int, num_heads: int, context_dim: int):
+    def __init__(self, width: int, layers: int, num_heads: int, context_dim: int, attend_text_every: int = 0):
         super().__init__()
+        self.attend_text_every = attend_text_every
         self.blocks = nn.ModuleList(Block(width, num_heads, width, context_dim if i % 2 == 0 else None)
                                     for i in range(layers))
         self.out_norm = nn.LayerNorm(width, elementwise_affine=False, eps=1e-6)
@@ -120,8 +126,18 @@ class DiT(nn.Module):
         self.proj_out = nn.Linear(width, width)
 
     def forward(self, x: torch.Tensor, cond: torch.Tensor, context: torch.Tensor,
-                context_valid: torch.Tensor) -> torch.Tensor:
-        for block in self.blocks:
-            x = block(x, cond, context, context_valid) if block.cross else block(x, cond)
+                context_valid: torch.Tensor, image: torch.Tensor | None = None) -> torch.Tensor:
+        """``x [B, T, width]`` conditioned on ``cond [B, width]`` and ``context [B, L, context_dim]``
+        (valid where ``context_valid [B, L]``); ``image [B, L]`` marks the image tokens (needed
+        with ``attend_text_every``)."""
+        reads = [context_valid] * len(self.blocks)
+        if self.attend_text_every:
+            if image is None:
+                raise ValueError("a DiT with attend_text_every needs the image-token mask of its context")
+            text_valid, image_valid = context_valid & ~image, context_valid & image
+            period = 2 * self.attend_text_every
+            reads = [text_valid if i % period == 0 else image_valid for i in range(len(self.blocks))]
+        for block, valid in zip(self.blocks, reads):
+            x = block(x, cond, context, valid) if block.cross else block(x, cond)
         shift, scale = self.out_modulation(cond)[:, None].chunk(2, dim=-1)
         return self.proj_out(norm_modulate(self.out_norm, x, shift, scale))

@@ -5,7 +5,9 @@ transforms:
 
 - ``linear``: weight and bias copied.
 - ``embodiment``: GR00T's per-embodiment layers hold ``W [embodiments, in, out]`` and
-  ``b [embodiments, out]``; loong is one embodiment, so ``weight = W[e].T`` and ``bias = b[e]``.
+  ``b [embodiments, out]``; loong's (:class:`~loong_embodied.policies.groot.embodiment.EmbodimentLinear`)
+  hold ``weight [embodiments, out, in]``: ``weight = W.transpose(1, 2)``, ``bias = b`` (or the
+  rows of the chosen embodiments only, for a policy that serves fewer robots).
 - ``rows``: an embedding's first rows (GR00T's action positions have ``max_seq_len`` rows, loong
   ``chunk_size``).
 
@@ -36,11 +38,11 @@ TABLE: list[tuple[str, str, str]] = [
     ("vl_attention.blocks.{i}.mlp_norm", f"{_VL}.norm3", "linear"),
     ("vl_attention.blocks.{i}.mlp.0", f"{_VL}.ff.net.0.proj", "linear"),
     ("vl_attention.blocks.{i}.mlp.2", f"{_VL}.ff.net.2", "linear"),
-    ("state_encoder.0", "state_encoder.layer1", "embodiment"),
-    ("state_encoder.2", "state_encoder.layer2", "embodiment"),
-    ("action_in", "action_encoder.W1", "embodiment"),
-    ("action_mix.0", "action_encoder.W2", "embodiment"),
-    ("action_mix.2", "action_encoder.W3", "embodiment"),
+    ("state_encoder.layers.0", "state_encoder.layer1", "embodiment"),
+    ("state_encoder.layers.1", "state_encoder.layer2", "embodiment"),
+    ("action_in.layers.0", "action_encoder.W1", "embodiment"),
+    ("action_mix.layers.0", "action_encoder.W2", "embodiment"),
+    ("action_mix.layers.1", "action_encoder.W3", "embodiment"),
     ("action_positions", "position_embedding", "rows"),
     ("future_tokens", "future_tokens", "rows"),
     ("time_encoder.0", "model.timestep_encoder.timestep_embedder.linear_1", "linear"),
@@ -51,11 +53,11 @@ TABLE: list[tuple[str, str, str]] = [
     ("dit.blocks.{i}.mlp.2", f"{_DIT}.ff.net.2", "linear"),
     ("dit.out_modulation.1", "model.proj_out_1", "linear"),
     ("dit.proj_out", "model.proj_out_2", "linear"),
-    ("action_decoder.0", "action_decoder.layer1", "embodiment"),
-    ("action_decoder.2", "action_decoder.layer2", "embodiment"),
+    ("action_decoder.layers.0", "action_decoder.layer1", "embodiment"),
+    ("action_decoder.layers.1", "action_decoder.layer2", "embodiment"),
 ]
 #: Loong modules whose output is negated (GR00T's velocity is loong's with the other sign).
-NEGATED = ("action_decoder.2",)
+NEGATED = ("action_decoder.layers.1",)
 
 
 def _blocks(state: dict[str, torch.Tensor], template: str) -> list[str]:
@@ -67,14 +69,16 @@ def _blocks(state: dict[str, torch.Tensor], template: str) -> list[str]:
     return [str(i) for i in sorted(found)]
 
 
-def head_from_lerobot(state: dict[str, torch.Tensor], chunk_size: int, embodiment: int = 0) -> dict[str, torch.Tensor]:
+def head_from_lerobot(state: dict[str, torch.Tensor], chunk_size: int,
+                      embodiments: list[int] | None = None) -> dict[str, torch.Tensor]:
     """Loong ``groot`` state-dict entries of the head from a LeRobot ``FlowmatchingActionHead`` state dict.
 
     Args:
         state: The head's state dict (keys as ``FlowmatchingActionHead.state_dict()`` names them;
             a ``_groot_model.action_head.`` prefix is stripped).
         chunk_size: Actions per chunk of the loong policy (rows of the action positions).
-        embodiment: Which of GR00T's per-embodiment weights to take.
+        embodiments: Which of GR00T's per-embodiment weights to take, in the order loong's
+            embodiment ids will use (None: all of them, ids unchanged).
 
     Returns:
         Loong parameter name -> tensor, for ``GrootPolicy.load_state_dict(..., strict=False)``
@@ -91,11 +95,16 @@ def head_from_lerobot(state: dict[str, torch.Tensor], chunk_size: int, embodimen
             ours, theirs = ours_template.replace("{i}", index), theirs_template.replace("{i}", index)
             sign = -1.0 if ours in NEGATED else 1.0
             if kind == "embodiment":
-                weight, bias = state[f"{theirs}.W"][embodiment].T, state[f"{theirs}.b"][embodiment]
-                out[f"{ours}.weight"], out[f"{ours}.bias"] = sign * weight.contiguous(), sign * bias
+                weight, bias = state[f"{theirs}.W"].transpose(1, 2), state[f"{theirs}.b"]
+                if embodiments is not None:
+                    weight, bias = weight[embodiments], bias[embodiments]
+                out[f"{ours}.weight"], out[f"{ours}.bias"] = sign * weight.contiguous(), sign * bias.contiguous()
                 used |= {f"{theirs}.W", f"{theirs}.b"}
             elif kind == "rows":
                 rows = state[f"{theirs}.weight"]
+                used.add(f"{theirs}.weight")
+                if not rows.numel():          # N1.6 has no future tokens: loong then has no table either
+                    continue
                 if ours == "action_positions" and rows.shape[0] < chunk_size:
                     raise CheckpointError(f"LeRobot's {theirs} has {rows.shape[0]} rows; chunk_size={chunk_size}")
                 out[f"{ours}.weight"] = rows[:chunk_size] if ours == "action_positions" else rows

@@ -1,16 +1,21 @@
-"""GR00T-N1.5-style vision-language-action policy on the torch engine.
+"""GR00T-style vision-language-action policy (N1.5 and N1.6 layouts) on the torch engine.
 
 Backbone: SigLIP patch tokens of each camera and the instruction's byte tokens run through a
 transformers decoder (Llama / Qwen2 layout) built with only ``num_layers`` layers, so its output is
 the "middle layer" features GR00T conditions on. With ``tune_backbone=false`` (GR00T's default)
-the backbone is frozen (no gradients, run without autograd) and only the action head trains.
+the backbone is frozen (no gradients, run without autograd) and only the action head trains;
+``tune_top_llm_layers=k`` trains the decoder's last k layers too (N1.6: 4).
 
-Action head, laid out as LeRobot 0.4.4's GR00T N1.5 head (``FlowmatchingActionHead``, one
-embodiment): the features are LayerNorm-ed and pass ``vl_layers`` self-attention blocks; a state
-encoder (one token, ReLU MLP), ``future_tokens`` learned tokens and an action encoder mixing each
-noisy action with its timestep embedding (plus learned chunk positions) form the DiT's input; the
-DiT alternates cross-attention to the features and self-attention, conditioned on the timestep
-through adaptive LayerNorm; a ReLU decoder maps the action tokens to velocities. Flow matching
+Action head, laid out as LeRobot 0.4.4's GR00T N1.5 head (``FlowmatchingActionHead``): the
+features are LayerNorm-ed and pass ``vl_layers`` self-attention blocks; a state encoder (one
+token, ReLU MLP), ``future_tokens`` learned tokens and an action encoder mixing each noisy action
+with its timestep embedding (plus learned chunk positions) form the DiT's input; the DiT
+alternates cross-attention to the features and self-attention, conditioned on the timestep
+through adaptive LayerNorm; a ReLU decoder maps the action tokens to velocities. The state
+encoder, action encoder and decoder have one set of weights per embodiment
+(:mod:`~loong_embodied.policies.groot.embodiment`; the batch's ``embodiment_id`` picks them).
+N1.6 (``model=groot_n16``) drops the VL self-attention blocks and the future tokens, and its DiT's
+cross-attention blocks alternate between the text and the image tokens (``attend_text_every``). Flow matching
 with GR00T's timestep distribution, the network seeing integer timestep buckets; Euler sampling
 with ``num_inference_steps`` steps. Time runs as in :mod:`~loong_embodied.policies.common.flow`
 (``t = 1`` is noise, velocity ``noise - actions``), the reverse of GR00T's: the checkpoint adapter
@@ -30,6 +35,7 @@ from loong_embodied.policies.common.backbone import VisionEncoder, build_languag
 from loong_embodied.policies.groot.config import GrootConfig
 from loong_embodied.policies.groot.dit import DiT, SelfAttentionStack
 from loong_embodied.policies.groot.embeddings import action_time_embedding, dit_time_embedding, timestep_buckets
+from loong_embodied.policies.groot.embodiment import EmbodimentGroups, EmbodimentMLP
 from loong_embodied.policies.provider_base import FlowMatchingVLAProvider
 
 
@@ -54,53 +60,81 @@ class GrootPolicy(nn.Module):
         if not c.tune_backbone:
             self.vision.requires_grad_(False)
             self.language.requires_grad_(False)
+            if c.tune_top_llm_layers:
+                if c.tune_top_llm_layers > c.num_layers:
+                    raise ConfigError(f"model.tune_top_llm_layers={c.tune_top_llm_layers} exceeds the backbone's "
+                                      f"model.num_layers={c.num_layers}")
+                for layer in self.language.layers[-c.tune_top_llm_layers:]:
+                    layer.requires_grad_(True)
+                self.language.norm.requires_grad_(True)
         if c.hidden_size % c.vl_heads:
             raise ConfigError(f"model.vl_heads ({c.vl_heads}) must divide model.hidden_size ({c.hidden_size})")
         w = c.head_hidden_size
         self.features_norm = nn.LayerNorm(c.hidden_size)
         self.vl_attention = SelfAttentionStack(c.hidden_size, c.vl_layers, c.vl_heads)
-        self.state_encoder = mlp([c.state_dim * c.n_obs_steps, w, w], nn.ReLU)
-        self.action_in = nn.Linear(c.action_dim, w)
-        self.action_mix = mlp([2 * w, w, w])
+        e = c.num_embodiments
+        self.state_encoder = EmbodimentMLP(e, [c.state_dim * c.n_obs_steps, w, w], nn.ReLU)
+        self.action_in = EmbodimentMLP(e, [c.action_dim, w])
+        self.action_mix = EmbodimentMLP(e, [2 * w, w, w])
         self.action_positions = nn.Embedding(c.chunk_size, w)
-        self.future_tokens = nn.Embedding(c.future_tokens, w)
+        # none in N1.6 (and no empty parameter: FSDP2 cannot shard one)
+        self.future_tokens = nn.Embedding(c.future_tokens, w) if c.future_tokens else None
         self.time_encoder = mlp([c.time_embedding_dim, w, w])
-        self.dit = DiT(w, c.head_layers, c.head_heads, c.hidden_size)
-        self.action_decoder = mlp([w, w, c.action_dim], nn.ReLU)
+        self.dit = DiT(w, c.head_layers, c.head_heads, c.hidden_size, c.attend_text_every)
+        self.action_decoder = EmbodimentMLP(e, [w, w, c.action_dim], nn.ReLU)
 
-    def backbone(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        """Backbone output ``[B, L, hidden]`` (frozen unless ``tune_backbone``) and its validity mask ``[B, L]``."""
+    def _trains_backbone(self) -> bool:
+        return self.config.tune_backbone or self.config.tune_top_llm_layers > 0
+
+    def backbone(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Backbone output ``[B, L, hidden]`` (frozen unless ``tune_backbone`` or ``tune_top_llm_layers``),
+        its validity mask ``[B, L]`` and its image-token mask ``[B, L]`` (the camera tokens come first)."""
         c = self.config
-        with torch.set_grad_enabled(c.tune_backbone and torch.is_grad_enabled()):
+        with torch.set_grad_enabled(self._trains_backbone() and torch.is_grad_enabled()):
             images = self.vision(batch)
             ids, valid = tokens.encode_instructions(list(batch["task"]), c.max_text_tokens, images.device)
             embeds = torch.cat([images, self.language.embed_tokens(ids)], dim=1)
+            is_image = torch.zeros(valid.shape[0], embeds.shape[1], dtype=torch.bool, device=images.device)
+            is_image[:, :images.shape[1]] = True
             valid = torch.cat([torch.ones(images.shape[:2], dtype=torch.bool, device=images.device), valid], dim=1)
             hidden = self.language(inputs_embeds=embeds, attention_mask=valid.long()).last_hidden_state
-        return hidden, valid
+        return hidden, valid, is_image
 
-    def condition(self, hidden: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The head's view of backbone output ``hidden``: LayerNorm, then the self-attention blocks."""
-        return self.vl_attention(self.features_norm(hidden), valid), valid
+    def condition(self, hidden: torch.Tensor, valid: torch.Tensor,
+                  image: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The head's view of backbone output ``hidden``: LayerNorm, then the self-attention blocks
+        (the masks pass through)."""
+        return self.vl_attention(self.features_norm(hidden), valid), valid, image
 
-    def features(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        """What the DiT cross-attends to ``[B, L, hidden]`` and its validity mask ``[B, L]``."""
+    def features(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """What the DiT cross-attends to ``[B, L, hidden]``, its validity and its image-token masks ``[B, L]``."""
         return self.condition(*self.backbone(batch))
 
+    def embodiments(self, batch: dict, batch_size: int, device: torch.device) -> EmbodimentGroups:
+        """The batch's samples grouped by ``batch["embodiment_id"]`` (``model.embodiment_id`` when absent)."""
+        ids = batch.get("embodiment_id")
+        if ids is None:
+            ids = torch.full((batch_size,), self.config.embodiment_id, device=device)
+        return EmbodimentGroups(torch.as_tensor(ids).reshape(batch_size), self.config.num_embodiments)
+
     def velocity(self, batch: dict, x_t: torch.Tensor, t: torch.Tensor, features: torch.Tensor,
-                 valid: torch.Tensor) -> torch.Tensor:
+                 valid: torch.Tensor, image: torch.Tensor | None = None,
+                 groups: EmbodimentGroups | None = None) -> torch.Tensor:
         """Predicted ``noise - actions`` ``[B, chunk, action_dim]`` at flow time ``t`` given the features."""
         c = self.config
         b = x_t.shape[0]
-        state = self.state_encoder(batch["observation.state"].float().reshape(b, -1))[:, None]
+        groups = groups or self.embodiments(batch, b, x_t.device)
+        state = self.state_encoder(batch["observation.state"].float().reshape(b, -1), groups)[:, None]
         steps = timestep_buckets(t, c.timestep_buckets)
-        time = action_time_embedding(steps, self.action_in.out_features)[:, None].expand(-1, c.chunk_size, -1)
-        actions = self.action_mix(torch.cat([self.action_in(x_t), time], dim=-1))
+        time = action_time_embedding(steps, c.head_hidden_size)[:, None].expand(-1, c.chunk_size, -1)
+        actions = self.action_mix(torch.cat([self.action_in(x_t, groups), time], dim=-1), groups)
         actions = actions + self.action_positions.weight[None]
-        future = self.future_tokens.weight[None].expand(b, -1, -1)
+        inputs = [state, actions]
+        if self.future_tokens is not None:
+            inputs.insert(1, self.future_tokens.weight[None].expand(b, -1, -1))
         cond = self.time_encoder(dit_time_embedding(steps, c.time_embedding_dim))
-        out = self.dit(torch.cat([state, future, actions], dim=1), cond, features, valid)
-        return self.action_decoder(out[:, -c.chunk_size:])
+        out = self.dit(torch.cat(inputs, dim=1), cond, features, valid, image)
+        return self.action_decoder(out[:, -c.chunk_size:], groups)
 
     def forward(self, batch: dict, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         return self.velocity(batch, x_t, t, *self.features(batch))
@@ -112,11 +146,12 @@ class GrootPolicy(nn.Module):
 
     @torch.no_grad()
     def sample_with(self, batch: dict, features: torch.Tensor, valid: torch.Tensor,
-                    generator: torch.Generator | None = None) -> torch.Tensor:
+                    image: torch.Tensor | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
         """:meth:`sample` given the :meth:`features` (clipped to ``action_clip`` when set)."""
         c = self.config
         shape = (features.shape[0], c.chunk_size, c.action_dim)
-        x = flow.euler_sample(lambda x_t, t: self.velocity(batch, x_t, t, features, valid), shape,
+        groups = self.embodiments(batch, shape[0], features.device)
+        x = flow.euler_sample(lambda x_t, t: self.velocity(batch, x_t, t, features, valid, image, groups), shape,
                               c.num_inference_steps, features.device, generator)
         return x.clamp(-c.action_clip, c.action_clip) if c.action_clip else x
 
