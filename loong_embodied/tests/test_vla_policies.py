@@ -281,3 +281,16 @@ def test_n16_policy_learns_a_fixed_batch():
         loss.backward()
         optimizer.step()
     assert float(loss) < 0.1 * first, (first, float(loss))
+
+
+def test_eagle_style_image_tokens_merge_each_2x2_block_of_patches_into_one():
+    torch.manual_seed(0)
+    model = groot(**N16, vision_merge=2).build_torch_model()
+    hidden, _, image = model.backbone(batch(2))
+    assert int(image[0].sum()) == 1                        # a 2x2 patch grid (16-px image, 8-px patches) -> 1 token
+    vision = model.vision
+    patches = vision.tower(pixel_values=batch(2)["observation.image"][:, -1] * 2.0 - 1.0).last_hidden_state
+    expected = vision.projector(patches.reshape(2, 1, -1))  # rows of the block, one after the other
+    torch.testing.assert_close(vision(batch(2)), expected, rtol=0, atol=1e-6)
+    with pytest.raises(ConfigError, match="model.vision_merge=3"):
+        groot(vision_merge=3).build_torch_model()

@@ -33,7 +33,7 @@ def parity(hf_dirs, out, nproc: int, *flags: str) -> dict:
 def test_projector_merge_is_transformers_pixel_shuffle():
     from transformers.models.internvl.modeling_internvl import InternVLModel
 
-    from loong_vlm.projectors import merge_patches
+    from loong_core.patches import merge_patches
 
     features = torch.randn(3, 6, 4, 5)  # [n, rows, cols, c]
     ref = InternVLModel.pixel_shuffle(None, features, scale_factor=0.5).reshape(3, -1, 20)

@@ -7,28 +7,10 @@ from megatron.core import tensor_parallel
 from megatron.core.transformer.module import MegatronModule
 
 from loong_core.errors import ConfigError
+from loong_core.patches import merge_patches
 from loong_vlm.config import MLPProjectorConfig
 
 _ACTIVATIONS = {"gelu": torch.nn.functional.gelu, "silu": torch.nn.functional.silu}
-
-
-def merge_patches(features: torch.Tensor, grid: tuple[int, int], size: int) -> torch.Tensor:
-    """Concatenate each ``size x size`` block of neighbouring patches into one vector.
-
-    Args:
-        features: ``[N, rows*cols, h]`` in row-major patch order.
-        grid: ``(rows, cols)`` of the patches.
-        size: Block side (1 returns ``features`` unchanged).
-
-    Returns:
-        ``[N, (rows/size)*(cols/size), size*size*h]``, blocks in row-major order.
-    """
-    if size == 1:
-        return features
-    n, _, h = features.shape
-    rows, cols = grid
-    x = features.reshape(n, rows // size, size, cols // size, size, h).permute(0, 1, 3, 2, 4, 5)
-    return x.reshape(n, (rows // size) * (cols // size), size * size * h)
 
 
 class MLPProjector(MegatronModule):

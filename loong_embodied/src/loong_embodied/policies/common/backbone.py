@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from loong_core.errors import ConfigError, MissingDependencyError
+from loong_core.patches import merge_patches
 from loong_embodied.policies.common.config import VLAConfig
 
 BACKBONES = ("llama", "qwen2")
@@ -48,7 +49,9 @@ def build_language_model(c: VLAConfig, vocab: int, num_layers: int, attn_impleme
 
 
 class VisionEncoder(nn.Module):
-    """SigLIP vision tower + a linear projection of its patch features to the language width."""
+    """SigLIP vision tower + a projection of its patch features to the language width: linear, or
+    with ``vision_merge > 1`` Eagle's pixel shuffle (each block of patches into one token) and
+    LayerNorm + GELU MLP."""
 
     def __init__(self, c: VLAConfig):
         super().__init__()
@@ -65,7 +68,16 @@ class VisionEncoder(nn.Module):
             num_hidden_layers=c.vision_layers, num_attention_heads=c.vision_heads, num_channels=channels,
             image_size=height, patch_size=c.patch_size, vision_use_head=False)
         self.tower = transformers.SiglipVisionModel(config)
-        self.projector = nn.Linear(c.vision_hidden_size, c.hidden_size)
+        self.grid, self.merge = (height // c.patch_size, width // c.patch_size), c.vision_merge
+        if self.merge < 1 or self.grid[0] % self.merge:
+            raise ConfigError(f"model.vision_merge={c.vision_merge} must divide the {self.grid[0]}x{self.grid[1]} "
+                              f"patch grid (image side {height} / patch_size {c.patch_size})")
+        if self.merge == 1:
+            self.projector = nn.Linear(c.vision_hidden_size, c.hidden_size)
+        else:
+            merged = c.vision_hidden_size * self.merge ** 2
+            self.projector = nn.Sequential(nn.LayerNorm(merged), nn.Linear(merged, c.hidden_size), nn.GELU(),
+                                           nn.Linear(c.hidden_size, c.hidden_size))
         self.keys = list(c.image_keys)
 
     def blocks(self) -> list[nn.Module]:
@@ -80,5 +92,5 @@ class VisionEncoder(nn.Module):
             if image.dim() == 5:                       # [B, T, C, H, W]: the current frame
                 image = image[:, -1]
             features = self.tower(pixel_values=image * 2.0 - 1.0).last_hidden_state
-            tokens.append(self.projector(features))
+            tokens.append(self.projector(merge_patches(features, self.grid, self.merge)))
         return torch.cat(tokens, dim=1)

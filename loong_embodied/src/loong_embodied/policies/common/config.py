@@ -29,6 +29,10 @@ class VLAConfig(PolicyShapesConfig):
         vision_layers: Vision transformer layers.
         vision_heads: Vision attention heads.
         vision_intermediate_size: Vision MLP width.
+        vision_merge: Eagle-style image tokens (GR00T's VLM): each ``vision_merge x vision_merge``
+            block of neighbouring patches is concatenated into one token (pixel shuffle), which
+            a LayerNorm + two-layer GELU MLP projects to the language width; ``vision_merge^2``
+            times fewer image tokens. 1: one token per patch through a linear projection.
         backbone_type: Language model architecture: ``llama`` or ``qwen2``.
         hidden_size: Language model width.
         num_layers: Language model layers.
@@ -47,6 +51,7 @@ class VLAConfig(PolicyShapesConfig):
     vision_layers: int = 12
     vision_heads: int = 12
     vision_intermediate_size: int = 3072
+    vision_merge: int = 1
     backbone_type: str = "llama"
     hidden_size: int = 2048
     num_layers: int = 18
