@@ -56,14 +56,6 @@ SHAPES = {
                       future_tokens=2, state_dim=5, action_dim=2, chunk=4, max_seq_len=4, embodiments=1,
                       embodiment=0, steps=2, batch=4),
     },
-    "groot_mixed": {
-        "default": dict(width=256, heads=4, layers=4, vl_layers=2, vl_heads=4, backbone_width=256, tokens=48,
-                        future_tokens=8, state_dim=8, action_dim=7, chunk=16, max_seq_len=16, embodiments=4,
-                        embodiment=0, steps=4, batch=32),
-        "smoke": dict(width=32, heads=2, layers=2, vl_layers=1, vl_heads=2, backbone_width=32, tokens=6,
-                      future_tokens=2, state_dim=5, action_dim=2, chunk=4, max_seq_len=4, embodiments=3,
-                      embodiment=0, steps=2, batch=4),
-    },
     "xvla": {   # VLM / auxiliary tokens are 32 wide: the drivers' small Florence-2 config
         "default": dict(width=256, heads=4, layers=3, domains=4, soft_prompts=16, time_dim=32, max_seq_len=128,
                         max_state_dim=16, max_action_dim=20, hetero=False, state_dim=8, action_dim=7, chunk=16,
@@ -73,6 +65,9 @@ SHAPES = {
                       tokens=5, aux_tokens=3, steps=2, batch=4),
     },
 }
+# the same head serving several embodiments, each batch mixing them
+SHAPES["groot_mixed"] = {"default": {**SHAPES["groot"]["default"], "embodiments": 4},
+                         "smoke": {**SHAPES["groot"]["smoke"], "embodiments": 3}}
 OPTIM = dict(lr=1e-4, weight_decay=0.01, fused=True)
 UNIT = "samples"
 _LEROBOT_STEP = {"groot": "LeRobot 0.4.4 `FlowmatchingActionHead.forward` (loss inside)",
