@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from loong_core.flow_matching import interpolate  # the one rectified-flow path, used here and by callers
 from loong_diffusion.config import FlowMatchConfig
 
 
@@ -60,13 +61,6 @@ def loss_weights(config: FlowMatchConfig, sigmas: torch.Tensor) -> torch.Tensor 
     if config.loss_weighting == "cosmap":
         return 2 / (math.pi * (1 - 2 * sigmas + 2 * sigmas**2))
     return None
-
-
-def interpolate(x0: torch.Tensor, noise: torch.Tensor, sigmas: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(x_t, target)``: ``x_t = (1 - sigma) * x0 + sigma * noise`` (dtype of ``x0``) and the fp32
-    velocity target ``noise - x0``, for per-sample noise levels ``sigmas [B]``."""
-    s = sigmas.view(-1, *([1] * (x0.dim() - 1))).to(x0.dtype)
-    return (1 - s) * x0 + s * noise, noise.float() - x0.float()
 
 
 def weighted_error(config: FlowMatchConfig, prediction: torch.Tensor, target: torch.Tensor,

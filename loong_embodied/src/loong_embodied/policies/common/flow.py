@@ -13,6 +13,8 @@ from collections.abc import Callable
 
 import torch
 
+from loong_core.flow_matching import interpolate  # the one rectified-flow path, used here and by callers
+
 # Beta(1.5, 1) by inverse CDF (its CDF is x ** 1.5): drawable from a seeded generator.
 BETA_ALPHA = 1.5
 
@@ -51,12 +53,6 @@ def flow_draws(actions: torch.Tensor, seeds: torch.Tensor | None,
         noise.append(torch.randn(actions.shape[1:], generator=g))
     times = time_fn(torch.cat(uniforms))
     return torch.stack(noise).to(actions.device, actions.dtype), times.to(actions.device, actions.dtype)
-
-
-def interpolate(actions: torch.Tensor, noise: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(x_t, target velocity)`` for flow times ``t`` ``[B]``."""
-    tt = t[:, None, None]
-    return (1.0 - tt) * actions + tt * noise, noise - actions
 
 
 def masked_chunk_mean(error: torch.Tensor, batch: dict) -> torch.Tensor:
