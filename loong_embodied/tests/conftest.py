@@ -11,6 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from loong_core.testing import keep_cpu_precision_fp32
+
+keep_cpu_precision_fp32()
+
 #: Test data shipped with the repository (``tests/data/README.md`` says where it came from);
 #: ``$LOONG_SHARED_DATA`` points at another copy of the folder instead.
 TEST_DATA = Path(os.environ.get("LOONG_SHARED_DATA", Path(__file__).resolve().parent / "data"))

@@ -33,8 +33,8 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def pi05(**overrides) -> Pi05Provider:
-    return Pi05Provider(Pi05Config(name="pi05", expert_hidden_size=24, expert_intermediate_size=48, state_bins=16,
-                                   **{**COMMON, **overrides}))
+    return Pi05Provider(Pi05Config(name="pi05", expert_hidden_size=24, expert_intermediate_size=48,
+                                   **{**COMMON, "state_bins": 16, **overrides}))
 
 
 def groot(**overrides) -> GrootProvider:
@@ -174,6 +174,31 @@ def test_pi05_attention_follows_pi05_action_tokens_see_each_other_and_the_prefix
     later = x_t.clone()
     later[:, -1] += 1.0
     assert (model.run_layers(prefix, later, t)[0][:, 0] - v[:, 0]).abs().max() > 1e-4   # the first sees the last
+
+
+def test_pi05_state_token_follows_pi0_the_actions_read_it_and_it_never_sees_the_actions():
+    """Pi0's layout (LeRobot's pi0 ``att_masks``: prefix 0, state 1, actions 1, 0, 0, ...)."""
+    torch.manual_seed(0)
+    model = pi05(state_bins=0, state_token=True).build_torch_model().eval()
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    b, t, x_t = batch(), torch.rand(4), torch.randn(4, 4, 2)
+    prefix = model.encode_prefix(b)
+    allowed = prefix["suffix_allowed"][:, 0]                   # [B, 1 + chunk, prefix + 1 + chunk]
+    first_suffix = allowed.shape[-1] - 5
+    assert not allowed[:, 0, first_suffix + 1:].any() and allowed[:, 0, first_suffix].all()
+    assert allowed[:, 1:, first_suffix:].all()
+    full = model(b, x_t, t)
+    assert full.shape == (4, 4, 2)
+    _, caches = model.run_layers(prefix, None, None)          # the cached prefix still serves every step
+    torch.testing.assert_close(model.run_layers(prefix, x_t, t, caches)[0], full)
+    moved = {**b, "observation.state": b["observation.state"] + 0.5}
+    assert (model(moved, x_t, t) - full).abs().max() > 1e-4   # without binned tokens, the state still arrives
+    # with binned state only, a state change inside one bin reaches nothing: the token is what sees it
+    binned = pi05(state_bins=4).build_torch_model().eval()
+    nudged = {**b, "observation.state": b["observation.state"] * 0 + 0.1}
+    same_bin = {**b, "observation.state": b["observation.state"] * 0 + 0.2}
+    torch.testing.assert_close(binned(nudged, x_t, t), binned(same_bin, x_t, t))
 
 
 def test_pi05_time_is_pi0s_beta_scaled_to_0p001_1():

@@ -2,7 +2,8 @@
 
 Prefix: SigLIP patch tokens of each camera, the instruction's byte tokens and the robot state cut
 into ``state_bins`` discrete tokens (as Pi0.5 does, the state enters through the prompt). Suffix:
-one token per action of the noisy chunk. A transformers decoder (Llama / Qwen2 layout) runs the
+one token per action of the noisy chunk, after one continuous state token with ``state_token``
+(Pi0's layout). A transformers decoder (Llama / Qwen2 layout) runs the
 prefix; an action expert of its own width runs the suffix and, layer by layer, attends to the
 backbone's keys and values (:mod:`loong_embodied.policies.pi05.layers`). The flow time enters the
 expert through adaptive RMSNorm. Training: flow matching over the chunk with Pi0's Beta time
@@ -45,6 +46,7 @@ class Pi05Policy(nn.Module):
         self.time_mlp = nn.Sequential(nn.Linear(c.time_embedding_dim, expert), nn.SiLU(), nn.Linear(expert, expert),
                                       nn.SiLU())
         self.action_in = nn.Linear(c.action_dim, expert)
+        self.state_in = nn.Linear(c.state_dim, expert) if c.state_token else None
         self.final_norm = AdaRMSNorm(expert, expert)
         self.action_out = nn.Linear(expert, c.action_dim)
 
@@ -64,18 +66,28 @@ class Pi05Policy(nn.Module):
         return embeds, valid
 
     def encode_prefix(self, batch: dict) -> dict:
-        """Everything the suffix needs from the prefix: embeddings, masks, rotary angles."""
+        """Everything the suffix needs from the prefix: embeddings, masks, rotary angles (and the
+        state with ``state_token``)."""
         embeds, valid = self.prefix(batch)
         positions = valid.long().cumsum(-1) - 1
-        chunk = self.config.chunk_size
-        suffix_positions = valid.long().sum(-1, keepdim=True) + torch.arange(chunk, device=embeds.device)
-        return {"embeds": embeds,
-                "prefix_rope": self.rotary(embeds, positions),
-                "suffix_rope": self.rotary(embeds, suffix_positions),
-                "prefix_allowed": valid[:, None, None, :].expand(-1, 1, valid.shape[1], -1),
-                "suffix_allowed": torch.cat([valid, torch.ones(valid.shape[0], chunk, dtype=torch.bool,
-                                                               device=valid.device)], dim=1)[:, None, None, :]
-                .expand(-1, 1, chunk, -1)}
+        c = self.config
+        state_tokens = int(c.state_token)
+        suffix_len = state_tokens + c.chunk_size
+        suffix_positions = valid.long().sum(-1, keepdim=True) + torch.arange(suffix_len, device=embeds.device)
+        suffix_allowed = torch.cat([valid[:, None, :].expand(-1, suffix_len, -1),
+                                    torch.ones(suffix_len, suffix_len, dtype=torch.bool, device=valid.device)
+                                    .expand(valid.shape[0], -1, -1)], dim=2)
+        if state_tokens:   # Pi0: the state token sees the prefix and itself, not the actions
+            suffix_allowed[:, 0, valid.shape[1] + 1:] = False
+        p = {"embeds": embeds,
+             "prefix_rope": self.rotary(embeds, positions),
+             "suffix_rope": self.rotary(embeds, suffix_positions),
+             "prefix_allowed": valid[:, None, None, :].expand(-1, 1, valid.shape[1], -1),
+             "suffix_allowed": suffix_allowed[:, None]}
+        if state_tokens:
+            state = batch["observation.state"].float()
+            p["state"] = state[:, -1] if state.dim() == 3 else state
+        return p
 
     def time_condition(self, t: torch.Tensor) -> torch.Tensor:
         """Condition ``[B, expert]`` of the adaptive norms for flow times ``t`` ``[B]``."""
@@ -85,6 +97,8 @@ class Pi05Policy(nn.Module):
         """Through every layer: ``(velocity or None, prefix keys/values per layer)``."""
         prefix, caches = p["embeds"], caches or [None] * len(self.layers)
         suffix = self.action_in(x_t) if x_t is not None else None
+        if suffix is not None and self.state_in is not None:
+            suffix = torch.cat([self.state_in(p["state"].to(suffix.dtype))[:, None], suffix], dim=1)
         cond = self.time_condition(t) if t is not None else None
         kvs = []
         for layer, cache in zip(self.layers, caches):
@@ -93,7 +107,8 @@ class Pi05Policy(nn.Module):
             kvs.append(kv)
         if suffix is None:
             return None, kvs
-        return self.action_out(self.final_norm(suffix, cond)[0]), kvs
+        actions = suffix[:, -self.config.chunk_size:]
+        return self.action_out(self.final_norm(actions, cond)[0]), kvs
 
     def forward(self, batch: dict, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         """Predicted velocity ``noise - actions`` ``[B, chunk, action_dim]`` at flow time ``t``."""
