@@ -5,6 +5,7 @@
 * ``loong_ep2``: the same on two ranks with ``parallel.expert_model_parallel_size=2`` (each rank
   half the experts and, data-parallel, half the batch; one thread per rank, so the same two cores);
 * ``loong_auto``: ``loong`` with its default ``kernels=auto`` (per-op picks; may compile);
+* ``loong_bf16``: ``loong`` in bf16 mixed precision (``parallel.mixed_precision=bf16``);
 * ``loong_sequential``: ``loong`` with ``model.moe_grouped_gemm=false``: megatron-core's
   ``SequentialMLP`` (one megatron ``MLP`` module per expert) instead of loong's grouped experts;
 * ``transformers``: ``Qwen3MoeForCausalLM`` with its default experts implementation
@@ -41,6 +42,8 @@ ARMS = {
              f"dispatcher, kernels=torch, {_COMMON}",
     "loong_sequential": f"the same with model.moe_grouped_gemm=false (SequentialMLP experts), {_THREADS} threads",
     "loong_auto": f"the same with kernels=auto (loong's default), {_THREADS} threads",
+    "loong_bf16": f"the same in bf16 mixed precision (parallel.mixed_precision=bf16: bf16 parameters and compute, "
+                  f"fp32 main parameters, gradient reduction and optimizer state), {_THREADS} threads",
     "loong_ep2": f"`loong train` megatron engine, EP2 on 2 ranks x 1 thread (DP2: half the batch per rank), "
                  f"kernels=torch, AdamW fused, fp32, aux loss {AUX}",
     "transformers": f"Qwen3MoeForCausalLM, experts_implementation=grouped_mm (its default), sdpa, {_COMMON}",
@@ -63,11 +66,12 @@ def run(arm: str, shape: dict, steps: int) -> list[float]:
     if arm.startswith("loong"):
         return _loong(shape, steps, ranks=2 if arm == "loong_ep2" else 1,
                       kernels="auto" if arm == "loong_auto" else "torch",
+                      precision="bf16" if arm == "loong_bf16" else "fp32",
                       extra=["model.moe_grouped_gemm=false"] if arm == "loong_sequential" else [])
     return _transformers(shape, steps, "eager" if arm == "transformers_eager" else "grouped_mm")
 
 
-def _loong(shape: dict, steps: int, ranks: int, kernels: str, extra: list[str]) -> list[float]:
+def _loong(shape: dict, steps: int, ranks: int, kernels: str, precision: str, extra: list[str]) -> list[float]:
     from loong_core.testing import read_metrics, run_train
 
     with tempfile.TemporaryDirectory() as run_dir:
@@ -82,7 +86,7 @@ def _loong(shape: dict, steps: int, ranks: int, kernels: str, extra: list[str]) 
                    f"trainer.global_batch_size={shape['batch']}", f"trainer.train_iters={steps}",
                    f"optim.lr={OPTIM['lr']}", f"optim.min_lr={OPTIM['lr']}", "optim.lr_warmup_iters=0",
                    f"optim.weight_decay={OPTIM['weight_decay']}", f"optim.clip_grad={OPTIM['clip']}",
-                   "optim.implementation=fused", f"kernels={kernels}", "parallel.mixed_precision=fp32",
+                   "optim.implementation=fused", f"kernels={kernels}", f"parallel.mixed_precision={precision}",
                    f"parallel.expert_model_parallel_size={ranks}",
                    "trainer.log_interval=1", "trainer.eval_interval=0", "trainer.eval_at_start=false",
                    "trainer.save_at_end=false", "trainer.progress_bar=false", "trainer.tensorboard=false",

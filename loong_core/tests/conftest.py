@@ -8,7 +8,9 @@ import sys
 import pytest
 
 from loong_core.plugins import get_plugin_system
-from loong_core.testing import install_plugin
+from loong_core.testing import install_plugin, keep_cpu_precision_fp32
+
+keep_cpu_precision_fp32()
 
 TOY_PLUGIN = '''
 from loong_core.hookspecs import hookimpl

@@ -14,7 +14,10 @@ import os
 import pytest
 import torch
 
+from loong_core.testing import keep_cpu_precision_fp32
 from loong_kernels.plugin import TRITON_OPS
+
+keep_cpu_precision_fp32()
 
 _saved = os.environ.get("TRITON_INTERPRET")
 os.environ["TRITON_INTERPRET"] = "1"

@@ -6,6 +6,10 @@ import os
 
 import pytest
 
+from loong_core.testing import keep_cpu_precision_fp32
+
+keep_cpu_precision_fp32()
+
 
 @pytest.fixture(scope="session", autouse=True)
 def loong_cache(tmp_path_factory):

@@ -6,7 +6,9 @@ import os
 
 import pytest
 
-from loong_core.testing import megatron_single_rank, session_cache
+from loong_core.testing import keep_cpu_precision_fp32, megatron_single_rank, session_cache
+
+keep_cpu_precision_fp32()
 
 
 @pytest.fixture(scope="session", autouse=True)

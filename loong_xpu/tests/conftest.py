@@ -7,6 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from loong_core.testing import keep_cpu_precision_fp32
+
+keep_cpu_precision_fp32()
+
 FAKE_VENDOR = Path(__file__).parent / "fake_vendor"
 FAKE_RUNTIME = "fake_kunlun_runtime:CPUKunlunRuntime"
 _VENDOR_MODULES = ("torch_xmlir", "kunlun_ops", "fake_kunlun_runtime")

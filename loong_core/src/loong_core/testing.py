@@ -15,6 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
+def keep_cpu_precision_fp32() -> None:
+    """Keep ``parallel.mixed_precision=auto`` at fp32 on CPUs with a bf16 matrix unit too, for this
+    process and the runs it starts (``$LOONG_CPU_BF16=0`` unless set): tests compare fp32 numbers,
+    whatever CPU runs them. Call it from a ``conftest.py``; export ``LOONG_CPU_BF16=1`` to run a
+    suite with auto in bf16."""
+    os.environ.setdefault("LOONG_CPU_BF16", "0")
+
+
 def run_train(overrides: list[str], nproc: int = 1, env: dict | None = None, timeout: float = 600,
               check: bool = True, launch_args: list[str] | None = None,
               cwd: str | Path | None = None) -> subprocess.CompletedProcess:
