@@ -124,7 +124,8 @@ class ParallelConfig:
         activation_checkpointing: Torch engine only: recompute each block the model declares
             (``ModelProvider.torch_blocks``) in the backward instead of keeping its activations.
         mixed_precision: Training precision. ``auto`` is ``bf16`` where the device backend says
-            bf16 is fast (``DeviceBackend.fast_bf16``: CUDA) and ``fp32`` elsewhere (CPU).
+            bf16 is fast (``DeviceBackend.fast_bf16``: CUDA, and CPUs with a bf16 matrix unit,
+            AMX or AVX512-BF16, unless ``$LOONG_CPU_BF16=0``) and ``fp32`` elsewhere.
             megatron engine: ``bf16`` / ``fp16`` keep the model's parameters in that dtype and
             fp32 main parameters, main gradients and optimizer state in megatron-core's
             mixed-precision (or distributed) optimizer (Megatron ``--bf16`` / ``--fp16``); ``fp16``

@@ -39,8 +39,8 @@ class CPUBackend(DeviceBackend):
         mcore_cpu.apply()
         unit = self.bf16_unit
         if unit and self.fast_bf16:
-            logger.info("cpu: %s bf16 matmuls: parallel.mixed_precision=auto trains in bf16 (%s=0 keeps fp32)",
-                        unit, BF16_ENV)
+            logger.info("cpu: %s bf16 matrix unit: parallel.mixed_precision=auto resolves to bf16 on this CPU "
+                        "(%s=0: fp32)", unit, BF16_ENV)
         # Advice meant for GPUs, and torch's renaming notices for calls made inside megatron-core.
         warnings.filterwarnings("ignore", message=".*CUDA_DEVICE_MAX_CONNECTIONS.*")
         warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
