@@ -293,21 +293,10 @@ def test_the_balancer_evens_ernie_batches_over_two_data_parallel_ranks(debug_dat
     """ERNIE's packed samples (images of their own sizes, frame-pair videos) differ in cost; with
     the configured balancer at DP2 both ranks get every sample once, and the costlier rank's share
     is never above the contiguous split's, and below it on some steps."""
-    from loong_core.data.loader import GlobalBatchLoader
     from loong_core.plugins import get_plugin_system
+    from loong_core.testing import assert_balancer_evens_ranks
 
     cfg, module = debug_data
     train, _ = module.build(80, 1, seed=0)
     balancer = get_plugin_system().registry().get("balancer", cfg.data.balancer).load()
-    loaders = [GlobalBatchLoader(train, 8, 2, rank, 2, balancer, module.sample_cost,
-                                 collate_fn=lambda samples: [s["num_positions"] for s in samples])
-               for rank in range(2)]
-    before, after = [], []
-    for step in range(10):
-        shares = [sorted(n for micro in loader.micro_batches(step) for n in micro) for loader in loaders]
-        expected = sorted(module.sample_cost(train[i]) for i in loaders[0].global_indices(step))
-        assert sorted(shares[0] + shares[1]) == expected and len(set(expected)) > 1
-        stats = loaders[0].last_balance_stats.metrics()
-        before.append(stats["balance/max_over_mean_before"])
-        after.append(stats["balance/max_over_mean_after"])
-    assert all(a <= b for a, b in zip(after, before)) and any(a < b for a, b in zip(after, before))
+    assert_balancer_evens_ranks(train, module.sample_cost, balancer)

@@ -155,8 +155,8 @@ def test_the_balancer_evens_kimi_batches_over_two_data_parallel_ranks():
     configured balancer at DP2 both ranks get every sample once, and the costlier rank's share
     is never above the contiguous split's, and below it on some steps."""
     from loong_core.config.compose import load_config
-    from loong_core.data.loader import GlobalBatchLoader
     from loong_core.plugins import get_plugin_system
+    from loong_core.testing import assert_balancer_evens_ranks
 
     cfg = load_config(["experiment=kimi_k25_debug", "trainer.global_batch_size=8"])
     registry = get_plugin_system().registry()
@@ -164,19 +164,7 @@ def test_the_balancer_evens_kimi_batches_over_two_data_parallel_ranks():
     module.prepare()
     module.setup()
     train, _ = module.build(80, 1, seed=0)
-    balancer = registry.get("balancer", cfg.data.balancer).load()
-    loaders = [GlobalBatchLoader(train, 8, 2, rank, 2, balancer, module.sample_cost,
-                                 collate_fn=lambda samples: [s["num_positions"] for s in samples])
-               for rank in range(2)]
-    before, after = [], []
-    for step in range(10):
-        shares = [sorted(n for micro in loader.micro_batches(step) for n in micro) for loader in loaders]
-        expected = sorted(module.sample_cost(train[i]) for i in loaders[0].global_indices(step))
-        assert sorted(shares[0] + shares[1]) == expected
-        stats = loaders[0].last_balance_stats.metrics()
-        before.append(stats["balance/max_over_mean_before"])
-        after.append(stats["balance/max_over_mean_after"])
-    assert all(a <= b for a, b in zip(after, before)) and any(a < b for a, b in zip(after, before))
+    assert_balancer_evens_ranks(train, module.sample_cost, registry.get("balancer", cfg.data.balancer).load())
 
 
 def test_data_for_another_preprocessing_is_refused():

@@ -122,6 +122,39 @@ def assert_fp8_close_to_bf16(bf16: dict[int, float], fp8: dict[int, float], step
     return worst
 
 
+def assert_balancer_evens_ranks(dataset, cost, balancer, global_batch_size: int = 8, micro_batch_size: int = 2,
+                                ranks: int = 2, steps: int = 10) -> None:
+    """Check a data balancer on a dataset whose samples differ in cost, in one process.
+
+    For ``steps`` global batches, the ``GlobalBatchLoader`` of every data-parallel rank is asked
+    for its micro batches: together they must hold each sample of the global batch exactly once,
+    the costs must differ within some global batch (else balancing has nothing to do), and the
+    costlier rank's share (``balance/max_over_mean_after``) must never exceed the contiguous
+    split's (``..._before``) and be below it on some step.
+
+    Args:
+        dataset: Indexable samples (what a data module's ``build`` returns).
+        cost: Cost of one sample (the data module's ``sample_cost``).
+        balancer: The balancer callable (a registry entry, loaded).
+    """
+    from loong_core.data.loader import GlobalBatchLoader
+
+    loaders = [GlobalBatchLoader(dataset, global_batch_size, micro_batch_size, rank, ranks, balancer, cost,
+                                 collate_fn=lambda samples: [cost(s) for s in samples]) for rank in range(ranks)]
+    before, after, spread = [], [], False
+    for step in range(steps):
+        shares = [c for loader in loaders for micro in loader.micro_batches(step) for c in micro]
+        expected = sorted(cost(dataset[i]) for i in loaders[0].global_indices(step))
+        assert sorted(shares) == expected, f"step {step}: the ranks' samples are not the global batch's"
+        spread = spread or len(set(expected)) > 1
+        stats = loaders[0].last_balance_stats.metrics()
+        before.append(stats["balance/max_over_mean_before"])
+        after.append(stats["balance/max_over_mean_after"])
+    assert spread, "every sample costs the same: nothing to balance"
+    assert all(a <= b for a, b in zip(after, before)), (before, after)
+    assert any(a < b for a, b in zip(after, before)), (before, after)
+
+
 def install_plugin(site_dir: str | Path, distribution: str, entry_name: str, modules: dict[str, str],
                    version: str = "0.0.1") -> Path:
     """Install a plugin distribution into ``site_dir`` the way pip lays one out.
