@@ -87,6 +87,16 @@ def flops_per_cycle(flags: set[str], dtype: str) -> tuple[int, str]:
     return 8, "SSE2"
 
 
+def _read_cpus(text: str | None) -> list[dict[str, str]] | None:
+    """The logical CPUs of ``text`` (``/proc/cpuinfo`` when None; None where it cannot be read)."""
+    if text is None:
+        try:
+            text = CPUINFO.read_text()
+        except OSError:
+            return None
+    return parse_cpuinfo(text)
+
+
 def native_bf16_unit(text: str | None = None) -> str | None:
     """The CPU's bf16 matrix unit (``AMX`` or ``AVX512-BF16``), None without one (or without
     ``/proc/cpuinfo``): with it, oneDNN runs bf16 matmuls faster than fp32 ones (measured 4.5x on a
@@ -96,12 +106,9 @@ def native_bf16_unit(text: str | None = None) -> str | None:
     Args:
         text: ``/proc/cpuinfo`` content (read when None).
     """
-    if text is None:
-        try:
-            text = CPUINFO.read_text()
-        except OSError:
-            return None
-    cpus = parse_cpuinfo(text)
+    cpus = _read_cpus(text)
+    if cpus is None:
+        return None
     flags = set(cpus[0].get("flags", "").split()) if cpus else set()
     _, unit = flops_per_cycle(flags, "bf16")
     return unit if unit in ("AMX", "AVX512-BF16") else None
@@ -136,12 +143,9 @@ def derive(threads: int, dtype: str = "fp32", text: str | None = None,
         text: ``/proc/cpuinfo`` content (read when None).
         allowed: Logical CPUs this process may use (its affinity when None).
     """
-    if text is None:
-        try:
-            text = CPUINFO.read_text()
-        except OSError:
-            return None
-    cpus = parse_cpuinfo(text)
+    cpus = _read_cpus(text)
+    if cpus is None:
+        return None
     if allowed is None and hasattr(os, "sched_getaffinity"):
         allowed = os.sched_getaffinity(0)
     if allowed is not None:
