@@ -28,7 +28,8 @@ pytestmark = pytest.mark.multirank
 STEPS = 4
 COMMON = ["experiment=llama_debug", "model.num_layers=2", "trainer.log_interval=1", "trainer.eval_interval=0",
           "trainer.progress_bar=false", "trainer.tensorboard=false", "trainer.straggler_factor=0",
-          "optim.lr_decay_iters=20"]  # a fixed schedule: the relaunch may ask for more steps
+          "optim.lr_decay_iters=20",  # a fixed schedule: the relaunch may ask for more steps
+          "kernels=torch"]  # and pinned kernels: auto compiles runs of >= 1000 steps (docs/kernels.md)
 
 
 def node_args(rank: int, endpoint: str) -> list[str]:
