@@ -319,3 +319,42 @@ def test_eagle_style_image_tokens_merge_each_2x2_block_of_patches_into_one():
     torch.testing.assert_close(vision(batch(2)), expected, rtol=0, atol=1e-6)
     with pytest.raises(ConfigError, match="model.vision_merge=3"):
         groot(vision_merge=3).build_torch_model()
+
+
+def test_groot_n16_state_dropout_masks_the_state_in_training_only():
+    torch.manual_seed(0)
+    model = groot(**N16, state_dropout_prob=1.0).build_torch_model()
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    b, t, x_t = batch(), torch.rand(4), torch.randn(4, 4, 2)
+    moved = {**b, "observation.state": b["observation.state"] + 1.0}
+    model.train()
+    torch.testing.assert_close(model(moved, x_t, t), model(b, x_t, t))   # every state replaced by the mask
+    model.eval()
+    assert (model(moved, x_t, t) - model(b, x_t, t)).abs().max() > 1e-4   # inference reads the state
+    model.train()
+    model(b, x_t, t).square().sum().backward()
+    assert model.state_mask.grad.abs().max() > 0                           # the mask token learns
+
+
+def test_groot_n16_state_noise_draws_follow_each_samples_seed():
+    torch.manual_seed(0)
+    model = groot(**N16, state_noise_scale=0.5, state_dropout_prob=0.5).build_torch_model().train()
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    b, t, x_t = batch(), torch.rand(4), torch.randn(4, 4, 2)
+    full = model(b, x_t, t)
+    torch.testing.assert_close(model(b, x_t, t), full)                     # seeded: the same draws again
+    half = {k: v[2:] for k, v in b.items()}                                # samples 2, 3 alone (another rank)
+    torch.testing.assert_close(model(half, x_t[2:], t[2:]), full[2:], rtol=0, atol=1e-5)
+    reseeded = {**b, "noise_seed": b["noise_seed"] + 100}
+    assert (model(reseeded, x_t, t) - full).abs().max() > 1e-4
+    model.eval()
+    plain = groot(**N16).build_torch_model().eval()
+    plain.load_state_dict({k: v for k, v in model.state_dict().items() if k != "state_mask"})
+    torch.testing.assert_close(model(b, x_t, t), plain(b, x_t, t))         # no augmentation at inference
+
+
+def test_groot_state_augmentation_rejects_bad_values():
+    with pytest.raises(ConfigError, match="model.state_dropout_prob=1.5"):
+        groot(state_dropout_prob=1.5).build_torch_model()

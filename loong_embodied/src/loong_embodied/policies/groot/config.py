@@ -37,6 +37,11 @@ class GrootConfig(VLAConfig):
             otherwise (0: every cross-attention block reads every token, as N1.5).
         tune_top_llm_layers: With ``tune_backbone=false``, train the language model's last this-many
             layers and its final norm anyway (N1.6 trains the top 4).
+        state_dropout_prob: GR00T N1.6's state dropout: in training, each sample's encoded state
+            token is replaced by a learned mask token with this probability (the policy learns to
+            act without the state too); never at inference.
+        state_noise_scale: GR00T N1.6's additive state noise: in training, Gaussian noise of this
+            standard deviation is added to the encoded state token; never at inference.
     """
 
     tune_backbone: bool = False
@@ -53,4 +58,6 @@ class GrootConfig(VLAConfig):
     embodiment_id: int = 0
     attend_text_every: int = 0
     tune_top_llm_layers: int = 0
+    state_dropout_prob: float = 0.0
+    state_noise_scale: float = 0.0
     num_inference_steps: int = 4

@@ -49,6 +49,10 @@ def mlp(dims: list[int], activation: type[nn.Module] = nn.SiLU) -> nn.Sequential
     return nn.Sequential(*layers)
 
 
+# XOR-ed into a sample's noise seed: the state augmentation's draws, independent of its flow draws.
+STATE_STREAM = 0x5EED5
+
+
 class GrootPolicy(nn.Module):
     """VLM features + DiT flow-matching action head; see the module docstring."""
 
@@ -74,6 +78,10 @@ class GrootPolicy(nn.Module):
         self.vl_attention = SelfAttentionStack(c.hidden_size, c.vl_layers, c.vl_heads)
         e = c.num_embodiments
         self.state_encoder = EmbodimentMLP(e, [c.state_dim * c.n_obs_steps, w, w], nn.ReLU)
+        if not 0.0 <= c.state_dropout_prob <= 1.0 or c.state_noise_scale < 0.0:
+            raise ConfigError(f"model.state_dropout_prob={c.state_dropout_prob} must lie in [0, 1] and "
+                              f"model.state_noise_scale={c.state_noise_scale} must not be negative")
+        self.state_mask = nn.Parameter(torch.zeros(1, 1, w)) if c.state_dropout_prob > 0 else None
         self.action_in = EmbodimentMLP(e, [c.action_dim, w])
         self.action_mix = EmbodimentMLP(e, [2 * w, w, w])
         self.action_positions = nn.Embedding(c.chunk_size, w)
@@ -125,6 +133,8 @@ class GrootPolicy(nn.Module):
         b = x_t.shape[0]
         groups = groups or self.embodiments(batch, b, x_t.device)
         state = self.state_encoder(batch["observation.state"].float().reshape(b, -1), groups)[:, None]
+        if self.training:
+            state = self.augment_state(state, batch.get("noise_seed"))
         steps = timestep_buckets(t, c.timestep_buckets)
         time = action_time_embedding(steps, c.head_hidden_size)[:, None].expand(-1, c.chunk_size, -1)
         actions = self.action_mix(torch.cat([self.action_in(x_t, groups), time], dim=-1), groups)
@@ -135,6 +145,32 @@ class GrootPolicy(nn.Module):
         cond = self.time_encoder(dit_time_embedding(steps, c.time_embedding_dim))
         out = self.dit(torch.cat(inputs, dim=1), cond, features, valid, image)
         return self.action_decoder(out[:, -c.chunk_size:], groups)
+
+    def augment_state(self, state: torch.Tensor, seeds: torch.Tensor | None) -> torch.Tensor:
+        """N1.6's training-time state augmentation of the state tokens ``[B, 1, width]``: the mask token
+        in place of the state with ``state_dropout_prob``, plus Gaussian noise of ``state_noise_scale``.
+
+        With per-sample ``seeds`` (the data's ``noise_seed``) a sample's draws depend on its seed only,
+        as the flow draws do (from a stream of their own), so data-parallel runs follow one rank.
+        """
+        c = self.config
+        if not c.state_dropout_prob and not c.state_noise_scale:
+            return state
+        b, width = state.shape[0], state.shape[-1]
+        if seeds is None:
+            drop_u, noise = torch.rand(b, device=state.device), torch.randn_like(state)
+        else:
+            draws = []
+            for seed in seeds.reshape(-1).tolist():
+                g = torch.Generator().manual_seed(int(seed) ^ STATE_STREAM)
+                draws.append((torch.rand(1, generator=g), torch.randn(1, width, generator=g)))
+            drop_u = torch.cat([u for u, _ in draws]).to(state.device)
+            noise = torch.stack([n for _, n in draws]).to(state.device, state.dtype)
+        if c.state_noise_scale:
+            state = state + c.state_noise_scale * noise
+        if self.state_mask is not None:
+            state = torch.where((drop_u < c.state_dropout_prob)[:, None, None], self.state_mask.to(state.dtype), state)
+        return state
 
     def forward(self, batch: dict, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         return self.velocity(batch, x_t, t, *self.features(batch))
