@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 
@@ -45,9 +46,9 @@ class CPUBackend(DeviceBackend):
         warnings.filterwarnings("ignore", message=".*CUDA_DEVICE_MAX_CONNECTIONS.*")
         warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
 
-    @property
+    @functools.cached_property
     def bf16_unit(self) -> str | None:
-        """This CPU's bf16 matrix unit (``AMX``, ``AVX512-BF16``) or None."""
+        """This CPU's bf16 matrix unit (``AMX``, ``AVX512-BF16``) or None (``/proc/cpuinfo`` read once)."""
         from loong_core.devices import cpu_peak
 
         return cpu_peak.native_bf16_unit()

@@ -156,16 +156,8 @@ class GrootPolicy(nn.Module):
         c = self.config
         if not c.state_dropout_prob and not c.state_noise_scale:
             return state
-        b, width = state.shape[0], state.shape[-1]
-        if seeds is None:
-            drop_u, noise = torch.rand(b, device=state.device), torch.randn_like(state)
-        else:
-            draws = []
-            for seed in seeds.reshape(-1).tolist():
-                g = torch.Generator().manual_seed(int(seed) ^ STATE_STREAM)
-                draws.append((torch.rand(1, generator=g), torch.randn(1, width, generator=g)))
-            drop_u = torch.cat([u for u, _ in draws]).to(state.device)
-            noise = torch.stack([n for _, n in draws]).to(state.device, state.dtype)
+        seeds = None if seeds is None else torch.as_tensor(seeds).reshape(-1) ^ STATE_STREAM
+        noise, drop_u = flow.flow_draws(state, seeds, lambda u: u)   # a uniform and noise like the token
         if c.state_noise_scale:
             state = state + c.state_noise_scale * noise
         if self.state_mask is not None:
