@@ -4,7 +4,8 @@
 ``transformers``: ``LlamaForCausalLM`` (SDPA) + torch AdamW + clipping; ``mcore``: the bare
 megatron-core loop on loong's layer spec (what is left between it and ``loong`` is framework
 overhead); ``loong_auto``: ``loong`` with its default ``kernels=auto``; ``loong_bf16``: ``loong`` in bf16
-mixed precision. See ``throughput.py`` for each arm's details.
+mixed precision; ``transformers_bf16``: ``transformers`` under bf16 autocast. See ``throughput.py``
+for each arm's details.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ ARMS = {
     "loong_bf16": "the same in bf16 mixed precision (parallel.mixed_precision=bf16: bf16 weights and compute, "
                   "fp32 main weights, gradients and Adam state)",
     "transformers": f"LlamaForCausalLM, attn_implementation=sdpa, {_COMMON}",
+    "transformers_bf16": "the same in bf16 autocast (Trainer(bf16=True) on a CPU: fp32 weights, gradients and "
+                         "Adam state)",
     "mcore": f"bare megatron-core loop on loong's layer spec, {_COMMON}",
 }
 
@@ -45,5 +48,5 @@ def describe(shape: dict) -> str:
 def run(arm: str, shape: dict, steps: int) -> list[float]:
     throughput.KERNELS = "auto" if arm == "loong_auto" else "torch"
     throughput.OPTIMIZER = "fused"
-    throughput.PRECISION = "bf16" if arm == "loong_bf16" else "fp32"
+    throughput.PRECISION = "bf16" if arm.endswith("_bf16") else "fp32"
     return getattr(throughput, f"arm_{arm.removesuffix('_auto').removesuffix('_bf16')}")(shape, steps)

@@ -39,6 +39,8 @@ ARMS = {
     "loong_bf16": "the same in bf16 mixed precision (parallel.mixed_precision=bf16: autocast compute, fp32 "
                   "weights, gradients and Adam state)",
     "diffusers": f"WanTransformer3DModel + own loop with diffusers.training_utils helpers, random latents, {_COMMON}",
+    "diffusers_bf16": "the same in bf16 autocast (diffusers' examples: Accelerator(mixed_precision='bf16'); fp32 "
+                      "trained weights, gradients and Adam state)",
 }
 
 
@@ -67,7 +69,7 @@ def run(arm: str, shape: dict, steps: int) -> list[float]:
     if arm.startswith("loong"):
         return _loong(shape, steps, "auto" if arm == "loong_auto" else "torch",
                       "bf16" if arm == "loong_bf16" else "fp32")
-    return _diffusers(shape, steps)
+    return _diffusers(shape, steps, "bf16" if arm == "diffusers_bf16" else "fp32")
 
 
 def _loong(shape: dict, steps: int, kernels: str, precision: str = "fp32") -> list[float]:
@@ -103,7 +105,8 @@ def _batches(shape: dict, steps: int):
         yield latents, text * (torch.arange(length) < kept).unsqueeze(-1)  # zero-padded prompts
 
 
-def _diffusers(shape: dict, steps: int) -> list[float]:
+def _diffusers(shape: dict, steps: int, precision: str) -> list[float]:
+    import peers_harness
     import torch
     from diffusers import FlowMatchEulerDiscreteScheduler, WanTransformer3DModel
     from diffusers.training_utils import compute_density_for_timestep_sampling, compute_loss_weighting_for_sd3
@@ -125,8 +128,9 @@ def _diffusers(shape: dict, steps: int) -> list[float]:
         timesteps = all_timesteps[index]
         sigmas = all_sigmas[index].view(b, 1, 1, 1, 1)
         noisy = (1.0 - sigmas) * latents + sigmas * noise
-        prediction = transformer(hidden_states=noisy, timestep=timesteps, encoder_hidden_states=text,
-                                 return_dict=False)[0]
+        with peers_harness.peer_autocast(precision):
+            prediction = transformer(hidden_states=noisy, timestep=timesteps, encoder_hidden_states=text,
+                                     return_dict=False)[0]
         weighting = compute_loss_weighting_for_sd3("logit_normal", sigmas)
         error = weighting.float() * (prediction.float() - (noise - latents).float()) ** 2
         loss = error.reshape(b, -1).mean(dim=1).mean()

@@ -24,6 +24,27 @@ from collections.abc import Sequence
 from pathlib import Path
 
 
+def peer_autocast(precision: str):
+    """What a peer's documented mixed precision does around its forward and loss.
+
+    transformers' ``Trainer(bf16=True)`` and diffusers' training examples (``Accelerator(
+    mixed_precision="bf16")``) both run the forward under ``torch.autocast`` on the CPU: fp32 weights,
+    gradients and optimizer state, bf16 matrix products. ``"fp32"``: no autocast.
+
+    Args:
+        precision: ``"fp32"`` or ``"bf16"``.
+    """
+    import contextlib
+
+    import torch
+
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    if precision != "bf16":
+        raise ValueError(f"precision must be fp32 or bf16, got {precision!r}")
+    return torch.autocast("cpu", dtype=torch.bfloat16)
+
+
 def run_worker(script: str, modality: str, arm: str, shape_name: str, steps: int, extra: Sequence[str] = (),
                timeout: float = 900, python: str | None = None, env: dict | None = None,
                cwd: str | None = None):

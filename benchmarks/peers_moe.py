@@ -47,6 +47,8 @@ ARMS = {
     "loong_ep2": f"`loong train` megatron engine, EP2 on 2 ranks x 1 thread (DP2: half the batch per rank), "
                  f"kernels=torch, AdamW fused, fp32, aux loss {AUX}",
     "transformers": f"Qwen3MoeForCausalLM, experts_implementation=grouped_mm (its default), sdpa, {_COMMON}",
+    "transformers_bf16": "the same in bf16 autocast (Trainer(bf16=True) on a CPU: fp32 weights, gradients and "
+                         "Adam state)",
     "transformers_eager": f"Qwen3MoeForCausalLM, experts_implementation=eager, sdpa, {_COMMON}",
 }
 
@@ -68,7 +70,8 @@ def run(arm: str, shape: dict, steps: int) -> list[float]:
                       kernels="auto" if arm == "loong_auto" else "torch",
                       precision="bf16" if arm == "loong_bf16" else "fp32",
                       extra=["model.moe_grouped_gemm=false"] if arm == "loong_sequential" else [])
-    return _transformers(shape, steps, "eager" if arm == "transformers_eager" else "grouped_mm")
+    return _transformers(shape, steps, "eager" if arm == "transformers_eager" else "grouped_mm",
+                         "bf16" if arm == "transformers_bf16" else "fp32")
 
 
 def _loong(shape: dict, steps: int, ranks: int, kernels: str, precision: str, extra: list[str]) -> list[float]:
@@ -116,7 +119,8 @@ def _shakespeare_tokens(shape: dict, steps: int):
         yield chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()
 
 
-def _transformers(shape: dict, steps: int, experts: str) -> list[float]:
+def _transformers(shape: dict, steps: int, experts: str, precision: str) -> list[float]:
+    import peers_harness
     import torch
     import transformers as tf
 
@@ -137,8 +141,9 @@ def _transformers(shape: dict, steps: int, experts: str) -> list[float]:
     times = []
     for tokens, labels in list(_shakespeare_tokens(shape, steps)):
         start = time.perf_counter()
-        out = model(input_ids=tokens, use_cache=False)
-        loss = torch.nn.functional.cross_entropy(out.logits.float().view(-1, shape["vocab"]), labels.view(-1))
+        with peers_harness.peer_autocast(precision):
+            out = model(input_ids=tokens, use_cache=False)
+            loss = torch.nn.functional.cross_entropy(out.logits.float().view(-1, shape["vocab"]), labels.view(-1))
         (loss + AUX * out.aux_loss).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), OPTIM["clip"])
         optimizer.step()

@@ -51,6 +51,8 @@ ARMS = {
     "loong_bf16": "the same in bf16 mixed precision (parallel.mixed_precision=bf16)",
     "transformers": f"Qwen2_5_VLForConditionalGeneration, sdpa, its processor (PIL image processor), padded "
                     f"batch, {_COMMON}",
+    "transformers_bf16": "the same in bf16 autocast (Trainer(bf16=True) on a CPU: fp32 weights, gradients and "
+                         "Adam state)",
 }
 _WORDS = ("red green blue small large round square digit shape line circle corner bright dark left right top "
           "bottom middle picture shows there is a an the of with near far light shadow pattern stripe dot").split()
@@ -79,7 +81,7 @@ def run(arm: str, shape: dict, steps: int) -> list[float]:
     if arm.startswith("loong"):
         return _loong(shape, steps, root, "auto" if arm == "loong_auto" else "torch",
                       "bf16" if arm == "loong_bf16" else "fp32")
-    return _transformers(shape, steps, root)
+    return _transformers(shape, steps, root, "bf16" if arm == "transformers_bf16" else "fp32")
 
 
 # -- data ------------------------------------------------------------------------------------------
@@ -234,7 +236,8 @@ def _hf_batches(shape: dict, steps: int, root: Path, processor):
     return batches
 
 
-def _transformers(shape: dict, steps: int, root: Path) -> list[float]:
+def _transformers(shape: dict, steps: int, root: Path, precision: str) -> list[float]:
+    import peers_harness
     import torch
 
     torch.set_num_threads(_THREADS)
@@ -245,7 +248,8 @@ def _transformers(shape: dict, steps: int, root: Path) -> list[float]:
     times = []
     for batch in _hf_batches(shape, steps, root, processor):
         start = time.perf_counter()
-        loss = model(**batch, use_cache=False).loss
+        with peers_harness.peer_autocast(precision):
+            loss = model(**batch, use_cache=False).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), OPTIM["clip"])
         optimizer.step()

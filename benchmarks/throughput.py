@@ -62,7 +62,8 @@ OPTIM = dict(lr=2.0e-3, weight_decay=0.1, beta1=0.9, beta2=0.95, eps=1e-8, clip=
 ARMS = ("loong", "mcore", "mcore_local", "transformers", "torchtitan")
 KERNELS = "torch"  # the ``kernels`` config option of the megatron arms (``--kernels``)
 OPTIMIZER = "fused"  # torch's AdamW implementation in every arm (``--optimizer``)
-PRECISION = "fp32"  # ``parallel.mixed_precision`` of the loong arm (``benchmarks/peers.py``'s ``loong_bf16``)
+# loong's ``parallel.mixed_precision``; the transformers arm runs autocast when "bf16" (``benchmarks/peers.py``)
+PRECISION = "fp32"
 
 
 def _adamw(params):
@@ -204,6 +205,7 @@ def _mcore_loop(shape: dict, steps: int, seam: bool) -> list[float]:
 
 
 def arm_transformers(shape: dict, steps: int) -> list[float]:
+    import peers_harness
     import torch
     import transformers as tf
 
@@ -217,8 +219,9 @@ def arm_transformers(shape: dict, steps: int) -> list[float]:
     optimizer = _adamw(model.parameters())
 
     def step(tokens, labels):
-        logits = model(input_ids=tokens).logits
-        loss = torch.nn.functional.cross_entropy(logits.float().view(-1, VOCAB), labels.view(-1))
+        with peers_harness.peer_autocast(PRECISION):
+            logits = model(input_ids=tokens).logits
+            loss = torch.nn.functional.cross_entropy(logits.float().view(-1, VOCAB), labels.view(-1))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), OPTIM["clip"])
         optimizer.step()
