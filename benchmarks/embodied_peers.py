@@ -27,8 +27,15 @@ interleaved round by round, the first ``--warmup`` steps of each process dropped
 fastest step per arm; loong's speed-up is the LeRobot step time over loong's (its samples/s over
 LeRobot's).
 
+``--precision bf16`` (``groot`` and ``groot_mixed``): LeRobot's GR00T default (``use_bf16=True``):
+its ``GrootPolicy.forward`` runs the model under bf16 autocast and ``prepare_input`` hands the head
+bf16 features, state and actions, with fp32 parameters; loong's arm runs its step under the
+autocast its torch engine opens for ``parallel.mixed_precision=bf16`` and reads the same bf16
+features (what its backbone returns under autocast). LeRobot's ``xvla`` bf16 is a different
+scheme (``dtype="bfloat16"`` casts the weights), so its row stays fp32.
+
 Usage: python benchmarks/embodied_peers.py [--policies groot groot_mixed xvla] [--rounds 3] [--steps 8]
-       [--warmup 2] [--threads 2] [--smoke] [--profile POLICY]
+       [--warmup 2] [--threads 2] [--precision fp32|bf16] [--smoke] [--profile POLICY]
 """
 
 from __future__ import annotations
@@ -69,6 +76,7 @@ SHAPES = {
 SHAPES["groot_mixed"] = {"default": {**SHAPES["groot"]["default"], "embodiments": 4},
                          "smoke": {**SHAPES["groot"]["smoke"], "embodiments": 3}}
 OPTIM = dict(lr=1e-4, weight_decay=0.01, fused=True)
+PRECISION = "fp32"  # of both arms: "bf16" is LeRobot's GR00T default, bf16 autocast (``--precision``)
 UNIT = "samples"
 _LEROBOT_STEP = {"groot": "LeRobot 0.4.4 `FlowmatchingActionHead.forward` (loss inside)",
                  "groot_mixed": "LeRobot 0.4.4 `FlowmatchingActionHead.forward` (loss inside)",
@@ -112,6 +120,8 @@ def _inputs(policy: str, s: dict) -> dict:
 def _loong_policy(policy: str, s: dict):
     """``(provider, model, batch)``: loong's policy at the sizes of ``s`` (a tiny frozen backbone,
     never run: ``backbone()`` returns the fixed features)."""
+    import torch
+
     common = dict(state_dim=s["state_dim"], action_dim=s["action_dim"], chunk_size=s["chunk"],
                   image_size=[3, 16, 16], image_keys=["observation.image"], patch_size=8, vision_hidden_size=16,
                   vision_layers=1, vision_heads=2, vision_intermediate_size=32, num_layers=1, num_heads=4,
@@ -143,6 +153,8 @@ def _loong_policy(policy: str, s: dict):
         provider = XVLAProvider(config)
         features = (io["features"], io["aux"])
         batch["domain_id"] = io["domain_id"]
+    if PRECISION == "bf16":  # what the backbone returns under the engine's autocast
+        features = tuple(f.bfloat16() if torch.is_tensor(f) and f.is_floating_point() else f for f in features)
     model = provider.build_torch_model()
     model.backbone = lambda _batch: features
     return provider, model, batch
@@ -157,7 +169,8 @@ def _loong(policy: str, s: dict, steps: int) -> tuple[list[float], dict]:
     params = [p for p in model.parameters() if p.requires_grad]
 
     def loss():
-        loss_sum, count, _ = provider.torch_forward_step(model, batch)
+        with peers_harness.peer_autocast(PRECISION):  # the torch engine's mixed precision
+            loss_sum, count, _ = provider.torch_forward_step(model, batch)
         return loss_sum / count
 
     model.train()
@@ -179,9 +192,12 @@ def _lerobot(policy: str, s: dict, steps: int) -> tuple[list[float], dict]:
 
         module = groot_head.build(s)
         params = [p for p in module.parameters() if p.requires_grad]
+        if PRECISION == "bf16":  # GrootPolicy's prepare_input casts the head's float inputs
+            io = {k: v.bfloat16() if torch.is_floating_point(v) else v for k, v in io.items()}
 
         def loss():
-            return module(*groot_head.head_inputs(io))["loss"]
+            with peers_harness.peer_autocast(PRECISION):  # GrootPolicy.forward's autocast
+                return module(*groot_head.head_inputs(io))["loss"]
     else:
         import xvla_policy
 
@@ -244,7 +260,8 @@ def _run_arm(policy: str, arm: str, *, shape: str, steps: int, threads: int, met
             env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HOME=f"{tmp}/hf-home",
                        HF_LEROBOT_HOME=f"{tmp}/lerobot-home", WANDB_MODE="disabled")
         record = peers_harness.run_worker(str(Path(__file__).resolve()), policy, arm, shape, steps,
-                                          ["--threads", str(threads)], python=python, env=env, cwd=tmp)
+                                          ["--threads", str(threads), "--precision", PRECISION], python=python,
+                                          env=env, cwd=tmp)
         meta[arm] = record["meta"]
         return record["times"]
 
@@ -259,7 +276,8 @@ def measure(policies: list[str], rounds: int, steps: int, warmup: int, threads: 
             functools.partial(_run_arm, policy, shape=shape, steps=steps, threads=threads, meta=meta),
             ["loong", "lerobot"], rounds, warmup)
         fed = "features)" if policy.startswith("groot") else "VLM and auxiliary tokens)"
-        common = f"fused AdamW, fp32, {threads} threads"
+        common = (f"fused AdamW, {PRECISION}{' autocast' if PRECISION == 'bf16' else ''}, fp32 parameters, "
+                  f"{threads} threads")
         arms = {arm: f"{step}, {common}, {meta[arm]['parameters']:,} trainable parameters, torch {meta[arm]['torch']}"
                 if arm in meta else step
                 for arm, step in (("loong", _LOONG_STEP + fed), ("lerobot", _LEROBOT_STEP[policy]))}
@@ -299,6 +317,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8, help="steps per process")
     parser.add_argument("--warmup", type=int, default=2, help="first steps of each process dropped")
     parser.add_argument("--threads", type=int, default=2, help="torch threads in every arm")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                        help="both arms: fp32, or bf16 autocast (LeRobot's GR00T default; groot policies only)")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny sizes, 1 round x 3 steps (checks that every arm runs, measures nothing)")
     parser.add_argument("--profile", choices=list(SHAPES), help="profile the loong arm of this policy instead")
@@ -306,6 +326,10 @@ def main() -> None:
     parser.add_argument("--worker", nargs=2, metavar=("POLICY", "ARM"), help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    global PRECISION
+    PRECISION = args.precision
+    if PRECISION == "bf16" and "xvla" in args.policies and not args.worker:
+        parser.error("--precision bf16 compares the groot policies only (LeRobot's xvla bf16 casts its weights)")
     if args.worker:
         import torch
 

@@ -226,6 +226,21 @@ def test_a_mixed_batch_equals_each_sample_run_alone_and_trains_only_the_embodime
     assert all(layer.weight.grad[e].abs().max() > 0 for e in (0, 2, 3))
 
 
+def test_a_mixed_batch_trains_under_bf16_autocast():
+    """The torch engine's bf16 mixed precision (autocast): the products come out in bf16 and the
+    mixed batch's rows still equal each sample's own layer (at bf16's rounding)."""
+    torch.manual_seed(0)
+    layer = EmbodimentLinear(3, 8, 4)
+    x, ids = torch.randn(6, 2, 8), torch.tensor([0, 2, 1, 2, 0, 1])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = layer(x, EmbodimentGroups(ids, 3))
+    assert out.dtype == torch.bfloat16
+    reference = torch.einsum("bti,boi->bto", x, layer.weight[ids]) + layer.bias[ids].unsqueeze(1)
+    torch.testing.assert_close(out.float(), reference, rtol=2e-2, atol=2e-2)
+    out.float().square().sum().backward()
+    assert layer.weight.grad.dtype == torch.float32 and layer.weight.grad.abs().min(dim=-1).values.gt(0).all()
+
+
 def test_an_embodiment_id_beyond_num_embodiments_names_the_setting():
     with pytest.raises(ConfigError, match="model.num_embodiments=3"):
         EmbodimentGroups(torch.tensor([0, 3]), 3)

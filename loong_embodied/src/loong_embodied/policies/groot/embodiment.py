@@ -68,9 +68,10 @@ class EmbodimentLinear(nn.Module):
         if len(groups.members) == 1:
             e = groups.members[0][0]
             return F.linear(x, self.weight[e], self.bias[e])
-        out = x.new_empty(*x.shape[:-1], self.out_features)
-        for e, index in groups.members:
-            out[index] = F.linear(x[index], self.weight[e], self.bias[e])
+        parts = [(index, F.linear(x[index], self.weight[e], self.bias[e])) for e, index in groups.members]
+        out = parts[0][1].new_empty(*x.shape[:-1], self.out_features)  # the products' dtype (bf16 under autocast)
+        for index, part in parts:
+            out[index] = part
         return out
 
 
