@@ -18,7 +18,7 @@ from loong_core.errors import ConfigError
 from loong_core.kernels import attention as attn
 from loong_core.kernels import reference as ref
 from loong_core.kernels.ops import OPS
-from loong_core.kernels.resolve import check_names, resolve_all, resolve_op
+from loong_core.kernels.resolve import check_names, is_available, resolve_all, resolve_op
 from loong_core.plugins import get_plugin_system
 from loong_core.plugins.registry import KINDS, Entry, Registry
 
@@ -112,7 +112,6 @@ def test_doctor_reports_versions_devices_and_the_kernel_table(capsys):
 def test_auto_picks_compile_on_cpu_only_for_runs_long_enough_to_recover_the_compile_cost(capsys):
     from loong_core.cli import doctor_cmd
     from loong_core.kernels.ops import COMPILE_AUTO_MIN_STEPS_CPU as steps
-    from loong_core.kernels.resolve import is_available
 
     reg = get_plugin_system().registry()
     compiles = is_available(reg.get("kernel", "rms_norm:compile"))
@@ -125,6 +124,34 @@ def test_auto_picks_compile_on_cpu_only_for_runs_long_enough_to_recover_the_comp
     doctor_cmd.run(argparse.Namespace(json=False), [])
     if compiles:
         assert f"auto picks compile on cpu for runs of >= {steps} steps" in capsys.readouterr().out
+
+
+def test_a_resumed_run_keeps_its_checkpoints_backends_for_the_ops_left_at_auto():
+    from loong_core.kernels.ops import COMPILE_AUTO_MIN_STEPS_CPU as steps
+
+    reg = registry_with(BROKEN)
+    kept = {"rms_norm": "torch", "swiglu": "compile", "attention": "sdpa", "layer_norm_modulate": "gone"}
+    choices = resolve_all({"swiglu": "torch"}, "cpu", reg, train_steps=steps, keep=kept)
+    assert choices["rms_norm"].backend == "torch"    # auto would compile a run this long (where it can)
+    assert choices["swiglu"].backend == "torch"      # pinned: the config wins over the checkpoint
+    assert choices["attention"].backend == "sdpa"
+    assert choices["layer_norm_modulate"].backend == resolve_op("layer_norm_modulate", "auto", "cpu", reg,
+                                                                steps).backend   # an unknown backend
+    broken = resolve_all({}, "cpu", reg, keep={"rms_norm": "broken"})["rms_norm"]  # not available here
+    assert broken.backend == "torch"
+    assert resolve_all({}, "cpu", reg, keep={"rms_norm": "compile"})["rms_norm"].backend == (
+        "compile" if is_available(reg.get("kernel", "rms_norm:compile")) else "torch")
+
+
+def test_a_checkpoint_records_the_kernels_and_device_its_run_trained_with(tmp_path):
+    from loong_core.checkpoint import store
+    from loong_core.testing import run_train
+
+    run_train(["experiment=llama_debug", "trainer.train_iters=1", "trainer.eval_interval=0",
+               "trainer.eval_at_start=false", f"trainer.run_dir={tmp_path}"])
+    record = store.read_record(store.find_latest(tmp_path / "checkpoints"))
+    assert record["device_type"] == "cpu"
+    assert record["kernels"] == {**{op: "torch" for op in OPS}, "attention": "sdpa"}
 
 
 def test_doctor_versions_import_nothing_heavy():

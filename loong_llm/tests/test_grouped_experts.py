@@ -95,6 +95,23 @@ def test_loss_and_gradients_equal_sequential_experts_with_an_expert_without_toke
     assert fc1[2].abs().max() == 0 and fc1[0].abs().max() > 0  # expert 2 got no token: zero grads
 
 
+def test_row_buckets_pad_each_experts_rows_and_leave_the_numbers_alone(pair, monkeypatch):
+    from loong_llm.families.common import grouped_matmul
+
+    destination, padded, rows = grouped_matmul.bucket_rows(torch.tensor([3, 0, 5, 1]), 4, 9)
+    assert destination.tolist() == [0, 1, 2, 4, 5, 6, 7, 8, 12] and padded.tolist() == [4, 0, 8, 4] and rows == 16
+    assert grouped_matmul.row_bucket(torch.zeros(1, dtype=torch.bfloat16)) == grouped_matmul.CPU_ROW_BUCKET
+    assert grouped_matmul.row_bucket(torch.zeros(1)) == 0   # fp32 on a CPU: MKL, no per-shape build
+
+    grouped, sequential = pair
+    monkeypatch.setattr(grouped_matmul, "row_bucket", lambda x: 4)   # the padded path, in fp32
+    loss_g, grads_g = loss_and_grads(grouped, starve=2)
+    loss_s, grads_s = loss_and_grads(sequential, starve=2)
+    torch.testing.assert_close(loss_g, loss_s, atol=1e-6, rtol=0)
+    for name, grad in stacked(grads_s).items():
+        torch.testing.assert_close(grads_g[name], grad, atol=1e-6, rtol=1e-6, msg=name)
+
+
 def test_checkpoint_tensors_are_those_of_sequential_experts(pair):
     from megatron.core.dist_checkpointing.dict_utils import nested_values
     from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor, ShardedTensorFactory

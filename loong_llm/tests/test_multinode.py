@@ -28,8 +28,7 @@ pytestmark = pytest.mark.multirank
 STEPS = 4
 COMMON = ["experiment=llama_debug", "model.num_layers=2", "trainer.log_interval=1", "trainer.eval_interval=0",
           "trainer.progress_bar=false", "trainer.tensorboard=false", "trainer.straggler_factor=0",
-          "optim.lr_decay_iters=20",  # a fixed schedule: the relaunch may ask for more steps
-          "kernels=torch"]  # and pinned kernels: auto compiles runs of >= 1000 steps (docs/kernels.md)
+          "optim.lr_decay_iters=20"]  # a fixed schedule: the relaunch may ask for more steps
 
 
 def node_args(rank: int, endpoint: str) -> list[str]:
@@ -99,7 +98,8 @@ def runs(tmp_path_factory, loong_cache):
             end(node)
     print(f"two-node module: {time.monotonic() - started:.0f} s, survivor ended {survived_s:.1f} s after the kill")
     return {"ref": ref, "two": two, "again": again, "caches": caches, "survivor": survivor,
-            "survived_s": survived_s, "survivor_log": logs[0].read_text()}
+            "survived_s": survived_s, "survivor_log": logs[0].read_text(),
+            "again_logs": [log.read_text() for log in logs]}
 
 
 def test_two_nodes_with_node_local_caches_train_as_one_node_at_dp4_bit_exact(runs):
@@ -116,9 +116,17 @@ def test_each_node_builds_the_sample_index_in_its_own_cache(runs):
 
 
 def test_a_relaunch_with_resume_auto_continues_bit_exact(runs):
+    """The relaunch asks for 1000 steps, where ``kernels=auto`` would compile on CPU: it keeps the
+    torch kernels its checkpoint was trained with (docs/kernels.md), so the losses are bitwise equal."""
     ref, again = losses(runs["ref"]), losses(runs["again"])
     assert min(again) == 3  # resumed from the checkpoint at step 2
     assert {s: again[s] for s in (3, 4)} == {s: ref[s] for s in (3, 4)}
+    from loong_core.kernels.resolve import is_available
+    from loong_core.plugins import get_plugin_system
+
+    if is_available(get_plugin_system().registry().get("kernel", "rms_norm:compile")):  # else auto is torch
+        logs = runs["again_logs"]
+        assert any("rms_norm=torch instead of compile" in log for log in logs), logs[0][-3000:]
 
 
 def test_killing_one_node_ends_the_other_naming_the_lost_node(runs):

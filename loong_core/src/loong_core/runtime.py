@@ -114,22 +114,44 @@ def choose_run_dir(cfg) -> tuple[Path, Path | None]:
     return run_dir, resume_from
 
 
-def _start_plan(cfg):
-    """Rank 0: ``(run_dir, checkpoint to resume, checkpoint to initialise from)``, every file of
-    the checkpoint verified, or the :class:`LoongError` that stops the run (broadcast, so that
-    every rank raises it instead of waiting for rank 0)."""
+def _start_plan(cfg, device_type: str):
+    """Rank 0: ``(run_dir, checkpoint to resume, checkpoint to initialise from, kernels to keep)``,
+    every file of the checkpoint verified, or the :class:`LoongError` that stops the run
+    (broadcast, so that every rank raises it instead of waiting for rank 0). The kernels to keep
+    are the backends the resumed checkpoint was trained with on this device type (None otherwise)."""
     from loong_core.checkpoint import store
     from loong_core.errors import LoongError
 
     try:
         run_dir, resume_from = choose_run_dir(cfg)
-        init_source = None
+        init_source, kept = None, None
         if resume_from is None and cfg.trainer.init_from:
             init_source = store.resolve_checkpoint(cfg.trainer.init_from)
             store.verify_checkpoint(init_source)
-        return run_dir, resume_from, init_source
+        if resume_from is not None:
+            record = store.read_record(resume_from)
+            if record.get("device_type") == device_type and isinstance(record.get("kernels"), dict):
+                kept = {str(op): str(backend) for op, backend in record["kernels"].items()}
+        return run_dir, resume_from, init_source, kept
     except LoongError as exc:
         return exc
+
+
+def _configure_kernels(cfg, device_type: str, registry, kept: dict | None) -> None:
+    """Resolve the kernel seam for this run; ops left at ``auto`` keep the backends of the
+    checkpoint it resumes (``kept``), so that the continuation runs the kernels it started on."""
+    from loong_core import kernels
+
+    fresh = kernels.configure(cfg.kernels, device_type, registry, train_steps=cfg.trainer.train_iters)
+    if not kept:
+        return
+    choices = kernels.configure(cfg.kernels, device_type, registry, train_steps=cfg.trainer.train_iters,
+                                keep=kept)
+    moved = {op: (fresh[op].backend, c.backend) for op, c in choices.items() if c.backend != fresh[op].backend}
+    if moved:
+        logger.info("kernels: resuming on the checkpoint's backends for ops left at auto (%s); pin "
+                    "kernels.<op> to choose otherwise",
+                    ", ".join(f"{op}={new} instead of {old}" for op, (old, new) in moved.items()))
 
 
 def copy_inference_files(data_module, run_dir: Path) -> None:
@@ -188,13 +210,15 @@ def _train(overrides: list[str]) -> dict:
     local_rank = _env_int("LOCAL_RANK", 0)
     device = select_device(cfg.device.name, local_rank, cfg.device.num_threads, cfg.device.peak_tflops)
     device.setup()
-    from loong_core import kernels
-
-    kernels.configure(cfg.kernels, device.device_type, registry, train_steps=cfg.trainer.train_iters)
     _init_process_group(device.dist_backend, device)
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     if rank != 0:
         logging.getLogger().setLevel(logging.WARNING)
+    plan = _broadcast_object(_start_plan(cfg, device.device_type) if rank == 0 else None)
+    if isinstance(plan, Exception):
+        raise plan
+    run_dir, resume_from, init_source, kept_kernels = plan
+    _configure_kernels(cfg, device.device_type, registry, kept_kernels)
 
     data_module = registry.get("dataset", cfg.data.name).load()(cfg.data)
     provider = registry.get("model", cfg.model.name).load()(cfg.model)
@@ -216,10 +240,6 @@ def _train(overrides: list[str]) -> dict:
     layout = engine.init_parallel()
     engine.setup()
 
-    plan = _broadcast_object(_start_plan(cfg) if rank == 0 else None)
-    if isinstance(plan, Exception):
-        raise plan
-    run_dir, resume_from, init_source = plan
     if rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         _save_config(cfg, run_dir, overrides)

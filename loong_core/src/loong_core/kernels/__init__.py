@@ -49,7 +49,7 @@ def _default_device() -> str:
 
 
 def configure(section: Any = None, device_type: str | None = None, registry=None,
-              train_steps: int | None = None) -> dict:
+              train_steps: int | None = None, keep: dict[str, str] | None = None) -> dict:
     """Resolve every op for this process.
 
     Args:
@@ -60,6 +60,9 @@ def configure(section: Any = None, device_type: str | None = None, registry=None
         train_steps: The run's ``trainer.train_iters``: ``auto`` picks a backend registered
             with ``auto_min_steps`` (``compile`` on CPU) only for runs that long; None (no
             ``loong train``) never does.
+        keep: ``op -> backend`` of the checkpoint a run resumes (same device type): ops left at
+            ``auto`` keep them where available, so the continuation is bit-exact even when
+            ``train_steps`` moved across a backend's ``auto_min_steps``.
 
     Returns:
         ``op -> Choice`` (see :mod:`loong_core.kernels.resolve`).
@@ -74,7 +77,7 @@ def configure(section: Any = None, device_type: str | None = None, registry=None
         from loong_core.plugins import get_plugin_system
 
         registry = get_plugin_system().registry()
-    choices = resolve_all(_requested(section), device_type or _default_device(), registry, train_steps)
+    choices = resolve_all(_requested(section), device_type or _default_device(), registry, train_steps, keep)
     _choices = choices
     _loaded.clear()
     logger.debug("kernels: %s", ", ".join(f"{op}={c.backend}" for op, c in choices.items()))

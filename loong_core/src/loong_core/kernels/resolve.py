@@ -150,6 +150,24 @@ def resolve_op(op: str, requested: str, device_type: str, registry: Registry,
 
 
 def resolve_all(requested: dict[str, str], device_type: str, registry: Registry,
-                train_steps: int | None = None) -> dict[str, Choice]:
-    """Resolve every op of :data:`ops.OPS` (missing ones are ``auto``)."""
-    return {op: resolve_op(op, requested.get(op, AUTO), device_type, registry, train_steps) for op in OPS}
+                train_steps: int | None = None, keep: dict[str, str] | None = None) -> dict[str, Choice]:
+    """Resolve every op of :data:`ops.OPS` (missing ones are ``auto``).
+
+    Args:
+        requested: ``op -> auto | backend``.
+        device_type: Where the run trains.
+        registry: Plugin registry.
+        train_steps: The run's ``trainer.train_iters`` (for ``auto_min_steps``).
+        keep: ``op -> backend`` a resumed run trained with (its checkpoint's record, same device
+            type): an op left at ``auto`` keeps that backend where it is registered and available
+            here, whatever ``train_steps`` would pick, so that the continuation runs the same kernels.
+    """
+    choices = {}
+    for op in OPS:
+        asked = requested.get(op, AUTO)
+        kept = backends(op, registry).get((keep or {}).get(op, ""))
+        if asked == AUTO and kept is not None and is_available(kept):
+            choices[op] = Choice(op, AUTO, keep[op], kept)
+        else:
+            choices[op] = resolve_op(op, asked, device_type, registry, train_steps)
+    return choices

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from loong_core import kernels
 from loong_core.checkpoint import store
 from loong_core.checkpoint.async_save import AsyncCheckpointer
 from loong_core.errors import CheckpointError, CheckpointSaveError, TrainingError
@@ -145,7 +146,8 @@ class Trainer:
         self.nonfinite.check_weights(iteration, self.engine)
         common = {"iteration": iteration, "consumed_samples": iteration * self.cfg.global_batch_size,
                   "skipped_steps": self.skipped_steps}
-        record = {"layout": self._layout_record(), "name": self.run.config.name}
+        record = {"layout": self._layout_record(), "name": self.run.config.name,
+                  "kernels": kernels.resolved(), "device_type": self.device.device_type}
         if self.async_saves is not None and not last:  # the last one is written synchronously
             self._last_saved = iteration
             try:

@@ -172,9 +172,17 @@ class GroupedExperts(MegatronModule):
                 raise ValueError("moe_apply_probs_on_input needs moe_router_topk=1")
             hidden = (probs.unsqueeze(-1) * hidden).to(hidden.dtype)
             probs = torch.ones_like(probs)
+        bucket = grouped_matmul.row_bucket(hidden)
+        if bucket:  # each expert's rows padded with zero rows (a few product shapes; see grouped_matmul)
+            rows = hidden.shape[0]
+            destination, tokens_per_expert, padded = grouped_matmul.bucket_rows(
+                tokens_per_expert.to(hidden.device), bucket, rows)
+            hidden = grouped_matmul.pad_rows(hidden, destination, padded)
+            probs = grouped_matmul.pad_rows(probs, destination, padded)
         fc1 = grouped_matmul.grouped_linear(hidden, self.fc1_weight, tokens_per_expert)
         intermediate = self._activate(fc1, probs)
-        return grouped_matmul.grouped_linear(intermediate, self.fc2_weight, tokens_per_expert), None
+        out = grouped_matmul.grouped_linear(intermediate, self.fc2_weight, tokens_per_expert)
+        return (out.index_select(0, destination) if bucket else out), None
 
     def _activate(self, fc1: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
         """The activation (the kernel seam's SwiGLU for a gated SiLU) times the routing
