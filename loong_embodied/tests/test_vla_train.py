@@ -1,7 +1,7 @@
 """``pi05_debug``, ``groot_debug``, ``groot_n16_debug``, ``xvla_debug`` and ``wam_debug`` as real
 ``loong train`` jobs on the shared Meta-World dataset: training, checkpoints and resuming, FSDP2
 over 2 ranks against one rank (GR00T as N1.6, whose top backbone layer trains inside the sharded
-model), and a closed-loop rollout."""
+model, on state-relative actions), and a closed-loop rollout."""
 
 from __future__ import annotations
 
@@ -20,9 +20,11 @@ ENV = {"LOONG_PLUGINS": "embodied"}
 
 
 def _overrides(policy: str, dataset, run_dir, *extra: str) -> list[str]:
+    # GR00T N1.6 trains on state-relative hand positions (its relative action chunks)
+    relative = ["data.relative_action_dims=[0,1,2]"] if policy == "groot_n16" else []
     return [f"experiment={policy}_debug", f"data.path={dataset}", f"trainer.run_dir={run_dir}",
             f"trainer.train_iters={STEPS}", "trainer.save_interval=2", "trainer.progress_bar=false",
-            "trainer.tensorboard=false", *extra]
+            "trainer.tensorboard=false", *relative, *extra]
 
 
 @pytest.fixture(scope="module", params=POLICIES)
@@ -75,3 +77,30 @@ def test_rollout_runs_a_trained_vla_checkpoint_in_metaworld(one_rank):
     lines = proc.stdout.splitlines()
     assert lines[1].split() == ["task", "episodes", "successes", "success", "mean", "steps"]
     assert lines[2].split()[:2] == ["reach-v3", "1"] and lines[3].startswith("mean")
+
+
+@pytest.mark.parametrize("one_rank", ["groot_n16"], indirect=True)
+def test_a_state_relative_policy_adds_the_state_it_acts_from(one_rank, monkeypatch):
+    """The run trained on hand positions relative to the state: the executed action is the
+    predicted offset (un-normalised with the offsets' statistics) plus the current state there,
+    the gripper command as predicted."""
+    import numpy as np
+    import torch
+
+    from loong_embodied.eval.policy import LoadedPolicy
+
+    _, _, run_dir = one_rank
+    policy = LoadedPolicy(run_dir)
+    assert policy.relative.action_dims.tolist() == [0, 1, 2]
+    monkeypatch.setattr(policy.model, "sample",   # a fixed prediction: only the state moves the action
+                        lambda batch, generator=None: torch.zeros(1, policy.config.chunk_size, 4))
+    image = np.zeros((64, 64, 3), dtype=np.uint8)
+    state = np.random.default_rng(0).uniform(-0.5, 0.5, 39).astype(np.float32)
+    first = policy.act(state, image)
+    policy.reset("")
+    moved = state + np.float32(0.25)
+    second = policy.act(moved, image)
+    np.testing.assert_allclose(second[:3] - first[:3], 0.25, atol=1e-6)
+    assert second[3] == first[3]
+    np.testing.assert_allclose(first, policy.normalizer.unnormalize("action", np.zeros(4, np.float32))
+                               + np.r_[state[:3], 0], atol=1e-6)

@@ -27,6 +27,12 @@ class LeRobotDataConfig(DataConfig):
         image_keys: Camera features passed to the model; None: every camera of the dataset,
             ``[]``: none (state-only).
         normalization: Feature -> ``mean_std`` / ``min_max`` / ``identity`` from ``meta/stats.json``.
+        relative_action_dims: Action dimensions trained as offsets from the current state (GR00T
+            N1.6's state-relative action chunks, e.g. an arm's joints; the gripper stays absolute),
+            normalised with the offsets' statistics; ``loong eval rollout`` adds the state back.
+            None: absolute actions.
+        relative_state_dims: The state dimension each of ``relative_action_dims`` is relative to
+            (None: the same indices).
         episodes: ``episode_index`` values to use (None: all).
         valid_episodes: The last this-many selected episodes are held out for validation (0: none,
             validation then reuses the training episodes).
@@ -51,6 +57,8 @@ class LeRobotDataConfig(DataConfig):
     action_key: str = "action"
     image_keys: Optional[list[str]] = None
     normalization: dict = field(default_factory=lambda: {"observation.state": "mean_std", "action": "min_max"})
+    relative_action_dims: Optional[list[int]] = None
+    relative_state_dims: Optional[list[int]] = None
     episodes: Optional[list[int]] = None
     valid_episodes: int = 1
     record_metaworld: Optional[list[str]] = None

@@ -128,8 +128,15 @@ class LeRobotDataModule:
             deltas[key] = [*deltas.get(key, [0.0]), c.future_offset / info.fps]
         self.keys = [c.state_key, c.action_key, *cameras]
         self.cameras = cameras
+        relative = None
+        if c.relative_action_dims is not None or c.relative_state_dims is not None:
+            from loong_embodied.lerobot.relative import RelativeActions
+
+            size = {key: int(np.prod(info.features[key]["shape"])) for key in (c.state_key, c.action_key)}
+            relative = RelativeActions(list(c.relative_action_dims or []), c.relative_state_dims,
+                                       size[c.action_key], size[c.state_key], c.action_key, c.state_key)
         self.frames = LeRobotDataset(path, delta_timestamps=deltas, episodes=c.episodes,
-                                     normalization=dict(c.normalization))
+                                     normalization=dict(c.normalization), relative=relative)
         positions = np.arange(self.frames.num_episodes)
         n_valid = min(c.valid_episodes, len(positions) - 1) if len(positions) > 1 else 0
         split = len(positions) - n_valid

@@ -62,10 +62,10 @@ class LoadedPolicy:
         import yaml
 
         from loong_core.checkpoint import store
+        from loong_core.config.validate import build_dataclass
         from loong_core.engines.torch_native.checkpointing import load_model_only
-        from loong_embodied.lerobot.format import read_info
-        from loong_embodied.lerobot.meta import read_stats, read_tasks
-        from loong_embodied.lerobot.normalize import Normalizer
+        from loong_embodied.data.config import LeRobotDataConfig
+        from loong_embodied.data.module import LeRobotDataModule
 
         self.run_dir, self.checkpoint = resolve_checkpoint(checkpoint)
         store.verify_checkpoint(self.checkpoint)  # every file's size and checksum
@@ -76,11 +76,14 @@ class LoadedPolicy:
         if not (Path(dataset) / "meta" / "info.json").is_file():
             raise ConfigError(f"the dataset this run trained on ({dataset or 'data.path unset'}) is missing: "
                               "its meta/stats.json holds the normalisation the policy needs")
-        info = read_info(dataset)
-        self.tasks = read_tasks(info)
-        self.normalizer = Normalizer(read_stats(info), dict(data_raw.get("normalization") or {}))
-        self.state_key = data_raw.get("state_key", "observation.state")
-        self.action_key = data_raw.get("action_key", "action")
+        # The training run's data module: its normalisation (and state-relative actions) exactly.
+        names = {f.name for f in fields(LeRobotDataConfig)}
+        data = LeRobotDataModule(build_dataclass(LeRobotDataConfig, {k: v for k, v in data_raw.items()
+                                                                      if k in names}, "data"))
+        data.setup()
+        self.tasks = data.frames.tasks
+        self.normalizer, self.relative = data.frames.normalizer, data.frames.relative
+        self.state_key, self.action_key = data.config.state_key, data.config.action_key
         threads = num_threads or (raw.get("device") or {}).get("num_threads") or 1
         if threads < 1:
             raise ConfigError(f"--num-threads must be at least 1, got {threads}")
@@ -113,7 +116,8 @@ class LoadedPolicy:
 
     def act(self, state: np.ndarray, image: np.ndarray | None = None) -> np.ndarray:
         """The next action (un-normalised) for the current state and camera image ``[H, W, 3]``."""
-        state = self.normalizer.normalize(self.state_key, np.asarray(state, dtype=np.float32))
+        self.raw_state = np.asarray(state, dtype=np.float32)
+        state = self.normalizer.normalize(self.state_key, self.raw_state)
         if not self.states:
             self.states.extend([state] * self.config.n_obs_steps)  # history padded with the first frame
         self.states.append(state)
@@ -132,7 +136,8 @@ class LoadedPolicy:
             batch[key] = torch.from_numpy(np.ascontiguousarray(image.transpose(2, 0, 1)))[None].float() / 255.0
         with torch.no_grad():
             chunk = self.model.sample(batch, generator=self.generator)[0].numpy()
-        return self.normalizer.unnormalize(self.action_key, chunk)
+        chunk = self.normalizer.unnormalize(self.action_key, chunk)
+        return chunk if self.relative is None else self.relative.to_absolute(chunk, self.raw_state)
 
 
 def build_policy(model_raw: dict, run_dir: Path):

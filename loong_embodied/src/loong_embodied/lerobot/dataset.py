@@ -12,6 +12,7 @@ from loong_embodied.lerobot.format import read_info
 from loong_embodied.lerobot.frames import FrameTable
 from loong_embodied.lerobot.meta import read_episodes, read_stats, read_tasks
 from loong_embodied.lerobot.normalize import Normalizer
+from loong_embodied.lerobot.relative import RelativeActions, current_state, relative_stats
 from loong_embodied.lerobot.windows import delta_indices, window_rows
 
 logger = logging.getLogger(__name__)
@@ -34,11 +35,15 @@ class LeRobotDataset:
         float_images: Cameras as ``[3, H, W]`` float32 in [0, 1] (LeRobot's convention) rather
             than the stored ``[H, W, 3]`` uint8.
         video_tolerance_s: Largest gap between a requested and a decoded video timestamp.
+        relative: State-relative action dimensions (:mod:`.relative`): each item's action chunk
+            holds them as offsets from its current state, normalised with the offsets' statistics
+            (:attr:`action_stats`).
     """
 
     def __init__(self, root: str | Path, delta_timestamps: dict[str, list[float]] | None = None,
                  episodes: list[int] | None = None, normalization: dict[str, str] | None = None,
-                 float_images: bool = True, video_tolerance_s: float = 1e-4):
+                 float_images: bool = True, video_tolerance_s: float = 1e-4,
+                 relative: RelativeActions | None = None):
         self.info = read_info(root)
         self.root = self.info.root
         self.tasks = read_tasks(self.info)
@@ -53,7 +58,11 @@ class LeRobotDataset:
             raise ConfigError(f"delta_timestamps names {unknown}, which are not features of {self.root}; "
                               f"features: {', '.join(self.info.features)}")
         self.deltas = delta_indices(delta_timestamps, self.info.fps)
-        self.normalizer = Normalizer(self.stats, normalization or {})
+        self.relative = relative
+        stats = self.stats
+        if relative is not None:
+            stats = {**stats, relative.action_key: self._relative_stats(relative)}
+        self.normalizer = Normalizer(stats, normalization or {})
         self.set_episodes(episodes)
         logger.info("LeRobot %s dataset %s: %d episodes, %d frames, %d tasks, fps %g", self.info.version,
                     self.root, len(self._episode_pos), len(self), len(self.tasks), self.info.fps)
@@ -108,7 +117,30 @@ class LeRobotDataset:
                 item[key] = self._gather(key, np.array([current]), ep)[0]
         task_index = int(self.table.columns["task_index"][self.table.row_of(current)])
         item["task"] = self.tasks[task_index]
+        if self.relative is not None:
+            r = self.relative
+            state = current_state(item[r.state_key], self.deltas.get(r.state_key))
+            item[r.action_key] = r.to_relative(item[r.action_key], state)
         return self.normalizer(item)
+
+    def _relative_stats(self, relative: RelativeActions) -> dict:
+        """Statistics of the state-relative action chunks over every episode of the dataset (as
+        ``meta/stats.json`` covers every episode), whatever the selection."""
+        for key in (relative.action_key, relative.state_key):
+            if key not in self.info.features:
+                raise ConfigError(f"state-relative actions read '{key}', which is not a feature of {self.root}")
+        order = np.argsort(self.episodes.start, kind="stable")
+        starts, stops = self.episodes.start[order], self.episodes.stop[order]
+        frames = np.concatenate([np.arange(a, b) for a, b in zip(starts, stops)])
+        lengths = stops - starts
+        rows = self.table.row_of(frames)
+        offsets = self.deltas.get(relative.action_key, np.zeros(1, dtype=np.int64))
+        # frame index -> position in ``frames`` (sorted): the chunk's frames, clipped to the episode
+        first, last = np.repeat(starts, lengths), np.repeat(stops, lengths) - 1
+        targets = [np.searchsorted(frames, np.clip(frames + int(k), first, last)) for k in offsets]
+        actions = np.asarray(self.table.columns[relative.action_key][rows], dtype=np.float64)
+        states = np.asarray(self.table.columns[relative.state_key][rows], dtype=np.float64)
+        return relative_stats(actions, states, targets, relative, self.stats.get(relative.action_key, {}))
 
     def _gather(self, key: str, indices: np.ndarray, ep: int) -> np.ndarray:
         rows = self.table.row_of(indices)
