@@ -298,7 +298,8 @@ def profile(policy: str, steps: int, threads: int) -> str:
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], **OPTIM)
 
     def step():
-        loss_sum, count, _ = provider.torch_forward_step(model.train(), batch)
+        with peers_harness.peer_autocast(PRECISION):
+            loss_sum, count, _ = provider.torch_forward_step(model.train(), batch)
         (loss_sum / count).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -312,7 +313,8 @@ def profile(policy: str, steps: int, threads: int) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--policies", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    parser.add_argument("--policies", nargs="+", choices=list(SHAPES),
+                        help="default: all (fp32), the groot ones (bf16)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (one process per arm each)")
     parser.add_argument("--steps", type=int, default=8, help="steps per process")
     parser.add_argument("--warmup", type=int, default=2, help="first steps of each process dropped")
@@ -328,7 +330,9 @@ def main() -> None:
     args = parser.parse_args()
     global PRECISION
     PRECISION = args.precision
-    if PRECISION == "bf16" and "xvla" in args.policies and not args.worker:
+    if args.policies is None:
+        args.policies = [p for p in SHAPES if PRECISION == "fp32" or p.startswith("groot")]
+    if PRECISION == "bf16" and "xvla" in args.policies + [args.profile]:
         parser.error("--precision bf16 compares the groot policies only (LeRobot's xvla bf16 casts its weights)")
     if args.worker:
         import torch

@@ -23,7 +23,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from loong_core.kernels import varlen
+from loong_core.kernels import sdpa_precision, varlen
 from loong_core.kernels.reference import check_segment_ids, combined_mask
 
 
@@ -43,10 +43,10 @@ def sdpa(q, k, v, *, causal: bool = True, segment_ids=None, mask=None, scale=Non
         return varlen.bottom_right_causal(q, k, v, scale, dropout_p)
     if mask is not None or segment_ids is not None or (causal and sq != sk):
         allowed = combined_mask(sq, sk, q.device, causal, segment_ids, mask, kv_segment_ids)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p,
-                                              scale=scale, enable_gqa=_gqa(q, k))
-    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, dropout_p=dropout_p,
-                                          scale=scale, enable_gqa=_gqa(q, k))
+        return sdpa_precision.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p,
+                                                           scale=scale, enable_gqa=_gqa(q, k))
+    return sdpa_precision.scaled_dot_product_attention(q, k, v, is_causal=causal, dropout_p=dropout_p,
+                                                       scale=scale, enable_gqa=_gqa(q, k))
 
 
 @functools.lru_cache(maxsize=1)

@@ -28,9 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
-from loong_core.kernels import suffix_causal
+from loong_core.kernels import sdpa_precision, suffix_causal
 from loong_core.kernels.reference import combined_mask
 
 FULL, CAUSAL, SUFFIX, EMPTY = "full", "causal", "suffix", "empty"
@@ -147,8 +146,8 @@ def _gqa(q, k) -> bool:
 def _block_attention(kind, q, k, v, scale, dropout_p):
     if kind == SUFFIX:
         return bottom_right_causal(q, k, v, scale, dropout_p)
-    return F.scaled_dot_product_attention(q, k, v, is_causal=kind == CAUSAL, dropout_p=dropout_p,
-                                          scale=scale, enable_gqa=_gqa(q, k))
+    return sdpa_precision.scaled_dot_product_attention(q, k, v, is_causal=kind == CAUSAL, dropout_p=dropout_p,
+                                                       scale=scale, enable_gqa=_gqa(q, k))
 
 
 def bottom_right_causal(q, k, v, scale, dropout_p: float = 0.0):
@@ -157,14 +156,14 @@ def bottom_right_causal(q, k, v, scale, dropout_p: float = 0.0):
     :mod:`.suffix_causal`, elsewhere SDPA with torch's lower-right causal bias (which the CUDA
     flash / memory-efficient kernels run without a dense mask)."""
     if q.shape[2] == k.shape[2]:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p,
-                                              scale=scale, enable_gqa=_gqa(q, k))
+        return sdpa_precision.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p,
+                                                           scale=scale, enable_gqa=_gqa(q, k))
     if suffix_causal.applies(q, k, True, None, None, dropout_p):
         return suffix_causal.attention(q, k, v, scale=scale)
     from torch.nn.attention.bias import causal_lower_right
 
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(q.shape[2], k.shape[2]),
-                                          dropout_p=dropout_p, scale=scale, enable_gqa=_gqa(q, k))
+    return sdpa_precision.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(q.shape[2], k.shape[2]),
+                                                       dropout_p=dropout_p, scale=scale, enable_gqa=_gqa(q, k))
 
 
 def _scattered(q, k, v, q_ids, k_ids, causal, scale, dropout_p):
@@ -174,8 +173,8 @@ def _scattered(q, k, v, q_ids, k_ids, causal, scale, dropout_p):
     same_tokens = q.shape[2] == k.shape[2] and torch.equal(q_ids, k_ids)
     if causal and not same_tokens:
         allowed = combined_mask(q.shape[2], k.shape[2], q.device, True, q_ids, None, k_ids)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p,
-                                              scale=scale, enable_gqa=_gqa(q, k))
+        return sdpa_precision.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p,
+                                                           scale=scale, enable_gqa=_gqa(q, k))
     q_order = torch.argsort(q_ids, dim=1, stable=True)
     k_order = q_order if same_tokens else torch.argsort(k_ids, dim=1, stable=True)
 

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from loong_core.engines.torch_native import ulysses
+from loong_core.kernels import sdpa_precision
 from loong_core.kernels.torch_modules import norm_modulate
 from loong_diffusion.families.dit.config import DiTConfig
 from loong_diffusion.provider import DiffusionProvider
@@ -38,8 +39,8 @@ def patchify(x: torch.Tensor, p: int) -> torch.Tensor:
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
     """Attention in ``[b, s, h, d]`` layout: bidirectional, or limited by a boolean ``mask``
     ``[s, s]`` (True: the query row may attend to the key column)."""
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                         attn_mask=mask)
+    out = sdpa_precision.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                      attn_mask=mask)
     return out.transpose(1, 2)
 
 

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from loong_core.kernels import sdpa_precision
 from loong_core.kernels.torch_modules import norm_modulate
 
 
@@ -46,9 +47,9 @@ class Attention(nn.Module):
             return y.view(b, y.shape[1], heads, -1).transpose(1, 2)
 
         mask = context_valid[:, None, None, :] if context_valid is not None else None
-        out = F.scaled_dot_product_attention(split(self.q_proj(x)), split(self.k_proj(context)),
-                                             split(self.v_proj(context)), attn_mask=mask,
-                                             dropout_p=self.dropout if self.training else 0.0)
+        out = sdpa_precision.scaled_dot_product_attention(split(self.q_proj(x)), split(self.k_proj(context)),
+                                                          split(self.v_proj(context)), attn_mask=mask,
+                                                          dropout_p=self.dropout if self.training else 0.0)
         return self.o_proj(out.transpose(1, 2).flatten(2))
 
 
