@@ -58,6 +58,8 @@ def test_state_relative_actions_are_offsets_from_the_current_state(lerobot_metaw
     (dict(relative_action_dims=[0, 0]), "repeats a dimension"),
     (dict(relative_action_dims=[0, 1], relative_state_dims=[2]), "relative_state_dims has 1 entries for 2"),
     (dict(relative_action_dims=[0], relative_state_dims=[39]), r"\[39\] outside 0..38"),
+    (dict(relative_action_dims=[0], delta_timestamps={"observation.state": [-0.025, -0.0125], "action": [0.0]}),
+     "must include offset 0"),
 ])
 def test_bad_relative_action_dims_name_the_setting(lerobot_metaworld, extra, match):
     module = LeRobotDataModule(LeRobotDataConfig(name="lerobot", path=str(lerobot_metaworld), **extra))

@@ -129,6 +129,8 @@ class LeRobotDataset:
         for key in (relative.action_key, relative.state_key):
             if key not in self.info.features:
                 raise ConfigError(f"state-relative actions read '{key}', which is not a feature of {self.root}")
+        current_state(np.zeros((len(self.deltas.get(relative.state_key, [0])), 1)),
+                      self.deltas.get(relative.state_key))   # the window holds the current frame
         order = np.argsort(self.episodes.start, kind="stable")
         starts, stops = self.episodes.start[order], self.episodes.stop[order]
         frames = np.concatenate([np.arange(a, b) for a, b in zip(starts, stops)])
