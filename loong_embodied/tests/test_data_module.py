@@ -50,6 +50,13 @@ def test_state_relative_actions_are_offsets_from_the_current_state(lerobot_metaw
     # min_max over the offsets' own statistics: every chunk inside [-1, 1], the extremes reached
     chunks = np.stack([relative.frames[i]["action"] for i in range(len(relative.frames))])
     assert np.abs(chunks).max() <= 1 + 1e-5 and np.abs(chunks[..., :3]).max(axis=(0, 1)).min() > 0.999
+    # mean_std over the same statistics: the offsets of every frame's whole chunk have mean 0, std 1
+    standard = LeRobotDataModule(LeRobotDataConfig(**common, relative_action_dims=[0, 1, 2], normalization={
+        "observation.state": "mean_std", "action": "mean_std"}))
+    standard.setup()
+    chunks = np.stack([standard.frames[i]["action"] for i in range(len(standard.frames))]).reshape(-1, 4)
+    np.testing.assert_allclose(chunks[:, :3].mean(0), 0, atol=1e-5)
+    np.testing.assert_allclose(chunks[:, :3].std(0), 1, atol=1e-4)
 
 
 @pytest.mark.parametrize("extra, match", [

@@ -105,12 +105,19 @@ def relative_stats(actions: np.ndarray, states: np.ndarray, targets: list[np.nda
     Returns:
         ``{"mean", "std", "min", "max"}`` ``[A]`` (float32; the named dimensions recomputed).
     """
-    chunks = np.concatenate([actions[t] for t in targets]).astype(np.float64)
-    chunks[:, relative.action_dims] -= np.tile(states[:, relative.state_dims], (len(targets), 1))
+    dims, base = relative.action_dims, states[:, relative.state_dims].astype(np.float64)
+    count, total, squares = 0, np.zeros(len(dims)), np.zeros(len(dims))
+    low, high = np.full(len(dims), np.inf), np.full(len(dims), -np.inf)
+    for t in targets:   # one step of the chunk at a time: memory of one [N, dims] block
+        offsets = actions[t][:, dims].astype(np.float64) - base
+        count += len(offsets)
+        total += offsets.sum(0)
+        low, high = np.minimum(low, offsets.min(0)), np.maximum(high, offsets.max(0))
+    mean = total / count
+    for t in targets:   # second pass for the variance (no cancellation of large sums)
+        squares += np.square(actions[t][:, dims].astype(np.float64) - base - mean).sum(0)
     stats = {key: np.array(absolute[key], dtype=np.float64, copy=True) if key in absolute
              else np.zeros(actions.shape[1]) for key in ("mean", "std", "min", "max")}
-    named = chunks[:, relative.action_dims]
-    for key, value in (("mean", named.mean(0)), ("std", named.std(0)), ("min", named.min(0)),
-                       ("max", named.max(0))):
-        stats[key][relative.action_dims] = value
+    for key, value in (("mean", mean), ("std", np.sqrt(squares / count)), ("min", low), ("max", high)):
+        stats[key][dims] = value
     return {key: value.astype(np.float32) for key, value in stats.items()}
