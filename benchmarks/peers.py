@@ -21,7 +21,10 @@ Every arm runs in a fresh process; arms are interleaved round by round (a busy m
 machine hits every arm alike); the first ``--warmup`` steps of every process are dropped; the table
 gives the median and the fastest step of each arm and loong's speed-up over it (arm's time /
 loong's time: above 1 means loong is faster). Same shape, data, batch, optimizer (torch's fused
-AdamW), precision (fp32) and threads (all cores) in every arm; each row states its settings.
+AdamW), precision and threads (all cores) in every arm; each row states its settings. The default
+arms are fp32; on a CPU with a bf16 matrix unit (where loong's ``parallel.mixed_precision=auto``
+trains in bf16) each side's bf16 arm runs too (``loong_bf16`` and the peer under bf16 autocast, as
+its ``Trainer(bf16=True)`` / ``Accelerator(mixed_precision="bf16")`` does), compared with each other.
 
 Usage: python benchmarks/peers.py [--modality dense moe dit vlm vla] [--rounds 3] [--steps 8] [--warmup 2]
        [--arms loong,transformers] [--smoke]
@@ -43,6 +46,16 @@ DEFAULT_ARMS = {"dense": "loong,loong_auto,transformers",
                 "moe": "loong,loong_sequential,loong_auto,loong_ep2,transformers,transformers_eager",
                 "dit": "loong,loong_auto,diffusers",
                 "vlm": "loong,transformers"}
+# Where the CPU has a bf16 matrix unit (loong's auto precision is bf16 there), each side's bf16 run too.
+BF16_ARMS = {"dense": "loong_bf16,transformers_bf16", "moe": "loong_bf16,transformers_bf16",
+             "dit": "loong_bf16,diffusers_bf16", "vlm": "loong_bf16,transformers_bf16"}
+
+
+def default_arms(name: str) -> str:
+    """The arms of ``name`` run without ``--arms``: fp32 ones, plus bf16 ones on a CPU with a bf16 unit."""
+    from loong_core.devices.cpu_peak import native_bf16_unit
+
+    return DEFAULT_ARMS[name] + ("," + BF16_ARMS[name] if native_bf16_unit() else "")
 
 
 def _modality(name: str):
@@ -57,7 +70,7 @@ def _measure(name: str, args) -> None:
         return
     shape_name = "smoke" if args.smoke else "default"
     shape = module.SHAPES[shape_name]
-    arms = [a for a in (args.arms or DEFAULT_ARMS[name]).split(",") if a]
+    arms = [a for a in (args.arms or default_arms(name)).split(",") if a]
     unknown = [a for a in arms if a not in module.ARMS]
     if unknown:
         raise SystemExit(f"Unknown arm(s) {unknown} for {name}; choose from {sorted(module.ARMS)}.")

@@ -107,13 +107,15 @@ def interleave(run_one, arms: Sequence[str], rounds: int, warmup: int) -> tuple[
 def table(arms: dict[str, str], times: dict[str, list[float]], notes: dict[str, str], units: float,
           unit: str, baseline: str = "loong") -> list[str]:
     """Markdown rows: arm, median and fastest s/step, throughput, speed-up of ``baseline`` over the
-    arm (the arm's step time / the baseline's: above 1 means the baseline is faster), the number of
-    timed steps, settings. Arms that did not run show why."""
+    arm (the arm's step time / the baseline's: above 1 means the baseline is faster; a ``*_bf16``
+    arm is compared with ``<baseline>_bf16`` where that ran, so each precision against its own), the
+    number of timed steps, settings. Arms that did not run show why."""
     rows = [f"| arm | median s/step | {unit}/s | {baseline} speed-up (median) | fastest s/step "
             f"| {baseline} speed-up (fastest) | steps | settings |",
             "|---|---|---|---|---|---|---|---|"]
-    base = times.get(baseline)
     for arm, settings in arms.items():
+        base = times.get(f"{baseline}_bf16") if arm.endswith("_bf16") else None
+        base = base or times.get(baseline)
         if arm in times:
             t = times[arm]
             median, fastest = statistics.median(t), min(t)
