@@ -37,7 +37,7 @@ class LeRobotDataset:
         video_tolerance_s: Largest gap between a requested and a decoded video timestamp.
         relative: State-relative action dimensions (:mod:`.relative`): each item's action chunk
             holds them as offsets from its current state, normalised with the offsets' statistics
-            (:attr:`action_stats`).
+            over the whole dataset (computed here, once).
     """
 
     def __init__(self, root: str | Path, delta_timestamps: dict[str, list[float]] | None = None,
