@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from loong_core.config.compose import load_config
@@ -75,3 +77,21 @@ def test_recompute_keys_that_do_not_fit_the_granularity_are_named(toy_site):
         load_config(["experiment=toy", "parallel.recompute_granularity=full", "parallel.recompute_method=block"])
     with pytest.raises(ConfigError, match="'parallel.recompute_num_layers' applies only with recompute_gran"):
         load_config(["experiment=toy", "parallel.recompute_granularity=selective", "parallel.recompute_num_layers=1"])
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["trainer.profile_step_start=3", "trainer.profile_step_end=3"], "'trainer.profile_step_end' = 3 must be above"),
+    (["trainer.train_iters=6", "trainer.profile_step_start=9", "trainer.profile_step_end=11"],
+     "after the last step (trainer.train_iters = 6)"),
+    (["trainer.profile_ranks=[]"], "'trainer.profile_ranks' = []"),
+    (["trainer.profile_ranks=[-1]"], "'trainer.profile_ranks' = [-1]"),
+])
+def test_a_profile_that_would_record_nothing_is_named(toy_site, overrides, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(["experiment=toy", "trainer.profile=true", *overrides])
+    load_config(["experiment=toy", *overrides])  # only checked when the profile is on
+
+
+def test_the_profile_keys_keep_megatrons_defaults(toy_site):
+    t = load_config(["experiment=toy", "trainer.profile=true", "trainer.train_iters=20"]).trainer
+    assert (t.profile_step_start, t.profile_step_end, t.profile_ranks) == (10, 12, [0])

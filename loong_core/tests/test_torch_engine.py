@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -250,3 +252,34 @@ def test_torch_engine_rejects_megatron_only_models_and_model_parallel_sizes():
     provider = type("P", (), {"engines": ("torch",)})()
     with pytest.raises(ConfigError, match="tensor_model_parallel_size"):
         TorchEngine(cfg, None, provider).init_parallel()
+
+
+def _trace_events(trace: Path) -> list[dict]:
+    return json.loads(trace.read_text())["traceEvents"]
+
+
+@pytest.mark.multirank
+def test_profile_records_the_chosen_steps_on_the_chosen_ranks(toy_env, reference, tmp_path):
+    """trainer.profile on DDP2: each listed rank writes a trace of steps 2-3 only (Megatron's
+    step_start up to, not including, step_end) with the gradient all-reduce in it, and an ops table;
+    the losses are those of the run without the profiler."""
+    ref, _ = reference
+    run_dir = tmp_path / "profiled"
+    run_train(["experiment=toy_torch", "parallel=ddp", "trainer.profile=true", "trainer.profile_step_start=2",
+               "trainer.profile_step_end=4", "trainer.profile_ranks=[0,1]", f"trainer.run_dir={run_dir}"],
+              nproc=2, env=toy_env)
+    profile = run_dir / "profile"
+    for rank in (0, 1):
+        traces = list(profile.glob(f"rank{rank}.*.pt.trace.json"))
+        assert len(traces) == 1, sorted(p.name for p in profile.iterdir())
+        names = {event.get("name", "") for event in _trace_events(traces[0])}
+        steps = {name.split(".")[1] for name in names if name.startswith("loong.step_")}
+        assert steps == {"step_2", "step_3"}, steps
+        assert {"loong.step_2.data", "loong.step_3.train_step"} <= names
+        assert any("allreduce" in name for name in names), "the DDP gradient all-reduce is not in the trace"
+        table = (profile / f"rank{rank}.ops.txt").read_text()
+        assert table.startswith("steps 2..3") and "aten::" in table
+    got = losses(run_dir)
+    for step in range(1, STEPS + 1):
+        assert got[step] == pytest.approx(ref[step], abs=1e-5, rel=1e-5), (step, got, ref)
+

@@ -275,6 +275,15 @@ class TrainerConfig:
             WARNING naming a rank (and its host) whose time exceeds this multiple of the median
             of the other ranks of its pipeline stage; 0 turns the check off (no timing, no
             collective). Runs of several ranks only.
+        profile: Record a torch.profiler trace of the steps ``profile_step_start`` up to, not
+            including, ``profile_step_end`` (Megatron's ``--profile`` with
+            ``--use-pytorch-profiler``): a TensorBoard / Perfetto trace and an ops table per
+            recorded rank under ``<run_dir>/profile/`` (``docs/performance.md``).
+        profile_step_start: First recorded step (1-based, as the logs count).
+        profile_step_end: The step after the last recorded one.
+        profile_ranks: Global ranks that record.
+        profile_record_shapes: Also record each op's input shapes (the ops table then has a row
+            per op and shape); costs some overhead.
     """
 
     train_iters: int = positive(100)
@@ -296,6 +305,11 @@ class TrainerConfig:
     save_on_signal: bool = False
     async_save: bool = False
     straggler_factor: float = non_negative(1.5)
+    profile: bool = False
+    profile_step_start: int = positive(10)
+    profile_step_end: int = positive(12)
+    profile_ranks: list[int] = field(default_factory=lambda: [0])
+    profile_record_shapes: bool = False
 
 
 @dataclass

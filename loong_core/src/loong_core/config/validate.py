@@ -213,6 +213,8 @@ def _check_consistency(cfg: LoongConfig, registry: Registry) -> None:
     if 0 < t.straggler_factor <= 1:
         raise ConfigError(f"'trainer.straggler_factor' = {t.straggler_factor} would name ranks no slower "
                           "than the others; use a ratio above 1 (e.g. 1.5) or 0 to turn the check off.")
+    if t.profile:
+        _check_profile(t)
     from loong_core.kernels.resolve import check_names
 
     check_names(dataclasses.asdict(cfg.kernels), registry)
@@ -226,6 +228,23 @@ def _check_consistency(cfg: LoongConfig, registry: Registry) -> None:
 
     check_fp8(cfg)
     cfg.model.check(cfg, "model")
+
+
+def _check_profile(t) -> None:
+    """``trainer.profile``: a non-empty step range inside the run, ranks that exist as numbers."""
+    if t.profile_step_end <= t.profile_step_start:
+        raise ConfigError(f"'trainer.profile_step_end' = {t.profile_step_end} must be above "
+                          f"trainer.profile_step_start = {t.profile_step_start} (the steps recorded are "
+                          f"start up to, not including, end); e.g. trainer.profile_step_end="
+                          f"{t.profile_step_start + 2}.")
+    if t.profile_step_start > t.train_iters:
+        raise ConfigError(f"'trainer.profile_step_start' = {t.profile_step_start} is after the last step "
+                          f"(trainer.train_iters = {t.train_iters}), so nothing would be recorded; pick "
+                          f"steps within 1..{t.train_iters}, e.g. trainer.profile_step_start="
+                          f"{max(1, t.train_iters - 1)} trainer.profile_step_end={t.train_iters + 1}.")
+    if not t.profile_ranks or any(r < 0 for r in t.profile_ranks):
+        raise ConfigError(f"'trainer.profile_ranks' = {list(t.profile_ranks)}: list the global ranks that "
+                          "record (0 and up), e.g. trainer.profile_ranks=[0].")
 
 
 def check_writable_paths(cfg: LoongConfig) -> None:

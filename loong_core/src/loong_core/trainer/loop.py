@@ -19,6 +19,7 @@ from loong_core.errors import CheckpointError, CheckpointSaveError, TrainingErro
 from loong_core.trainer.metrics import MetricsWriter
 from loong_core.trainer.nonfinite import NonFiniteGuard
 from loong_core.trainer.preemption import SignalStop
+from loong_core.trainer.profiling import StepProfiler
 from loong_core.trainer.progress import Progress
 from loong_core.trainer.straggler import StragglerMonitor
 from loong_core.trainer.throughput import Throughput
@@ -69,6 +70,7 @@ class Trainer:
         peak = device.peak_flops(engine.compute_dtype)
         self._peak = peak * run.world_size if peak else None  # None: unknown peak, no MFU
         self.throughput = Throughput(unit, flops_per_token, self._peak)
+        self.profiler = StepProfiler(self.cfg, run.run_dir, run.rank, run.world_size, device.device_type)
         self.straggler = None
         if run.world_size > 1 and self.cfg.straggler_factor > 0:
             self.straggler = StragglerMonitor(getattr(engine, "model", None), device, self.cfg.straggler_factor,
@@ -286,15 +288,17 @@ class Trainer:
                 step = iteration + 1
                 log_now = step % cfg.log_interval == 0 or step == cfg.train_iters
                 self.finish_async_save(iteration, wait=False)
+                self.profiler.before_step(step)
                 if self.straggler is not None:
                     self.straggler.start(measure=log_now)
                 asked = time.perf_counter()
-                micro_batches = self.train_loader.micro_batches(iteration)
+                with self.profiler.step_scope(step, "data"):
+                    micro_batches = self.train_loader.micro_batches(iteration)
                 data_wait = time.perf_counter() - asked
                 if self.straggler is not None:
                     self.straggler.batch_loaded()
                 self.device.synchronize()
-                with self._load_ahead(step):
+                with self._load_ahead(step), self.profiler.step_scope(step, "train_step"):
                     started = time.perf_counter()
                     result = self.engine.train_step(micro_batches)
                     self.device.synchronize()
@@ -318,6 +322,7 @@ class Trainer:
                 if self.straggler is not None and log_now:
                     metrics.update(self.straggler.report(step))
                 progress.update(step, metrics, log_line=log_now)
+                self.profiler.after_step(step)
                 if log_now:
                     if self.metrics is not None:
                         self.metrics.write(step, metrics)
@@ -345,6 +350,7 @@ class Trainer:
                 if self._last_saved != cfg.train_iters:
                     self.save(cfg.train_iters, last=True)
         finally:
+            self.profiler.finish()  # a run shorter than the recorded steps, or one that failed
             if self.async_saves is not None:
                 self.async_saves.abort()  # only when failing: no commit, its writers ended
             signals.uninstall()
