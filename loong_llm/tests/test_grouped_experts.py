@@ -167,3 +167,47 @@ def test_grouped_mm_support_is_probed_the_same_under_inference_mode():
     with torch.inference_mode():
         assert _probe(cpu, torch.float32, 16, 8)
     assert _probe(cpu, torch.float32, 16, 8)
+
+
+def test_the_dispatcher_skips_reordering_chunks_already_in_order_and_the_numbers_stay(pair, monkeypatch):
+    """At EP1 / TP1 megatron-core's alltoall dispatcher sorts the expert chunks into the order they
+    are in: loong's dispatcher hook returns them as they are (no copy), bit-identical, and a real
+    reordering still goes to megatron-core's function."""
+    from megatron.core.transformer.moe import token_dispatcher
+
+    from loong_llm.families.common import expert_chunks
+
+    grouped, _ = pair
+    assert token_dispatcher.sort_chunks_by_idxs is expert_chunks.sort_chunks_by_idxs  # installed by the build
+    original = expert_chunks._original
+    tokens, probs = torch.arange(12.0).view(6, 2), torch.arange(6.0)
+    sizes, order = torch.tensor([1, 3, 2]), torch.tensor([2, 0, 1])
+    out, out_probs = expert_chunks.sort_chunks_by_idxs(tokens, sizes, torch.arange(3))
+    assert out is tokens and out_probs is None
+    out, out_probs = expert_chunks.sort_chunks_by_idxs(tokens, sizes, order, probs=probs)
+    want, want_probs = original(tokens, sizes, order, probs=probs)
+    assert torch.equal(out, want) and torch.equal(out_probs, want_probs)
+    assert out_probs.tolist() == [4.0, 5.0, 0.0, 1.0, 2.0, 3.0]
+
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(args[2])
+        return original(*args, **kwargs)
+
+    def fresh_loss_and_grads():
+        grouped.zero_grad(set_to_none=True)
+        loss, grads = loss_and_grads(grouped, starve=2)
+        return loss, {name: grad.clone() for name, grad in grads.items() if grad is not None}
+
+    monkeypatch.setattr(expert_chunks, "_original", counted)
+    loss_hook, grads_hook = fresh_loss_and_grads()
+    assert calls == []  # every reordering at EP1 was the identity, and none copied
+    monkeypatch.setattr(token_dispatcher, "sort_chunks_by_idxs", counted)
+    loss_ref, grads_ref = fresh_loss_and_grads()
+    assert len(calls) == 2 * 2  # megatron-core's own path: the dispatch and the combine of each layer
+    assert all(expert_chunks.is_identity(order) for order in calls)
+    assert torch.equal(loss_hook, loss_ref)
+    assert sorted(grads_hook) == sorted(grads_ref) and grads_ref
+    for name, grad in grads_ref.items():
+        assert torch.equal(grads_hook[name], grad), name

@@ -284,6 +284,8 @@ class TrainerConfig:
         profile_ranks: Global ranks that record.
         profile_record_shapes: Also record each op's input shapes (the ops table then has a row
             per op and shape); costs some overhead.
+        profile_with_stack: Also record the Python call stack of each op (the trace then nests
+            ops under the functions and modules that ran them); costs more overhead.
     """
 
     train_iters: int = positive(100)
@@ -310,6 +312,7 @@ class TrainerConfig:
     profile_step_end: int = positive(12)
     profile_ranks: list[int] = field(default_factory=lambda: [0])
     profile_record_shapes: bool = False
+    profile_with_stack: bool = False
 
 
 @dataclass

@@ -55,6 +55,7 @@ class StepProfiler:
         self.directory = Path(run_dir) / "profile"
         self.rank, self.device_type = rank, device_type
         self.record_shapes = cfg.profile_record_shapes
+        self.with_stack = cfg.profile_with_stack
         ranks = list(cfg.profile_ranks)
         beyond = [r for r in ranks if r >= world_size]
         if cfg.profile and beyond and rank == 0:
@@ -76,6 +77,7 @@ class StepProfiler:
             self.directory.mkdir(parents=True, exist_ok=True)
             self._profiler = profile(
                 activities=_activities(self.device_type), record_shapes=self.record_shapes,
+                with_stack=self.with_stack,
                 on_trace_ready=tensorboard_trace_handler(str(self.directory), worker_name=f"rank{self.rank}"),
             )
             self._profiler.start()

@@ -141,6 +141,9 @@ class MoEProvider(DecoderProvider):
         return spec
 
     def build_megatron_model(self, config, pre_process, post_process, vp_stage):
+        from loong_llm.families.common import expert_chunks
+
+        expert_chunks.install()  # no identity reordering of the dispatched tokens
         model = super().build_megatron_model(config, pre_process, post_process, vp_stage)
         stats = RouterStats()
         stats.attach(model)
