@@ -22,6 +22,9 @@ from loong_core.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
+CUDA_STREAM_OPTIONS = ("moe_shared_expert_overlap",)
+"""``TransformerConfig`` options megatron-core runs on a CUDA side stream (turned off elsewhere)."""
+
 
 class MegatronEngine(Engine):
     """Trains a :class:`~loong_core.engines.model_provider.ModelProvider` with megatron-core."""
@@ -42,6 +45,18 @@ class MegatronEngine(Engine):
         self.layout = parallel.initialize(self.config.parallel, self.config.trainer.seed)
         return self.layout
 
+    def _drop_cuda_stream_options(self) -> None:
+        """Turn off the megatron-core options it implements with CUDA streams only
+        (:data:`CUDA_STREAM_OPTIONS`) on another device, with a warning naming each."""
+        if self.device.device_type == "cuda":
+            return
+        for key in CUDA_STREAM_OPTIONS:
+            if getattr(self.mcore_config, key, False):
+                setattr(self.mcore_config, key, False)
+                logger.warning("model.%s=true: megatron-core overlaps it on a CUDA side stream, which device %s "
+                               "does not have; this run goes without the overlap (same numbers, in order)",
+                               key, self.device.name)
+
     def setup(self) -> None:
         from megatron.core import parallel_state as ps
         from megatron.core.distributed import (
@@ -60,6 +75,7 @@ class MegatronEngine(Engine):
         if overrides:
             logger.info("megatron-core options of device %s: %s", self.device.name,
                         ", ".join(f"{key}={value}" for key, value in overrides.items()))
+        self._drop_cuda_stream_options()
         vpp = p.virtual_pipeline_model_parallel_size
         chunks = []
         for vp_stage in range(vpp or 1):

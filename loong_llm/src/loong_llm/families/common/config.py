@@ -228,6 +228,11 @@ class MoEDecoderConfig(DecoderConfig):
             layer over all experts) instead of megatron-core's ``SequentialMLP`` (a module per
             expert); ``auto`` takes the grouped experts wherever the model's options allow them.
             Same numbers and checkpoints either way (Megatron's ``--moe-grouped-gemm``).
+        moe_shared_expert_overlap: Run the shared expert on a side CUDA stream while the
+            alltoall dispatcher exchanges the routed tokens (Megatron's
+            ``--moe-shared-expert-overlap``); needs a shared expert and the alltoall dispatcher.
+            megatron-core implements it with CUDA streams only, so other devices run the shared
+            expert in order and log that they turned it off (docs/llm_families.md).
     """
 
     num_experts: int = positive(4)
@@ -246,6 +251,7 @@ class MoEDecoderConfig(DecoderConfig):
     moe_aux_loss_coeff: float = non_negative(1.0e-3)
     moe_token_dispatcher_type: str = "alltoall"
     moe_grouped_gemm: Union[bool, Literal["auto"]] = "auto"
+    moe_shared_expert_overlap: bool = False
 
     def check(self, run, path: str) -> None:
         """Dense rules plus experts against EP and the router's top-k."""
@@ -266,6 +272,8 @@ class MoEDecoderConfig(DecoderConfig):
                 f"layer ({path}.num_layers = {self.num_layers}), or an int k for every k-th layer.")
         if isinstance(self.moe_layer_freq, int) and self.moe_layer_freq < 1:
             raise ConfigError(f"'{path}.moe_layer_freq' = {self.moe_layer_freq} must be >= 1.")
+        if self.moe_shared_expert_overlap:
+            self._check_shared_expert_overlap(run, path)
         # megatron-core's MoELayer.forward raises a ValueError when it trains under TP without SP.
         p = run.parallel
         has_moe_layer = isinstance(self.moe_layer_freq, int) or any(self.moe_layer_freq)
@@ -276,3 +284,18 @@ class MoEDecoderConfig(DecoderConfig):
                 f"{p.tensor_model_parallel_size}: megatron-core does not train the MoE layers of "
                 f"model '{self.name}' under tensor parallelism without sequence parallelism; set "
                 "parallel.sequence_parallel=true, or parallel.tensor_model_parallel_size=1.")
+
+    def _check_shared_expert_overlap(self, run, path: str) -> None:
+        """``moe_shared_expert_overlap``: a shared expert to overlap, the dispatcher that does it,
+        and no recompute of the shared expert (megatron-core's own rules, named here)."""
+        key = f"'{path}.moe_shared_expert_overlap' = true"
+        if not self.moe_shared_expert_intermediate_size:
+            raise ConfigError(f"{key} needs a shared expert ({path}.moe_shared_expert_intermediate_size > 0); "
+                              f"set {path}.moe_shared_expert_overlap=false.")
+        if self.moe_token_dispatcher_type != "alltoall":
+            raise ConfigError(f"{key} works with the alltoall dispatcher only; set "
+                              f"{path}.moe_token_dispatcher_type=alltoall or {path}.moe_shared_expert_overlap=false.")
+        modules = run.parallel.recompute_modules or []
+        if run.parallel.recompute_granularity == "selective" and "shared_experts" in modules:
+            raise ConfigError(f"{key} cannot recompute the shared expert: drop shared_experts from "
+                              f"parallel.recompute_modules or set {path}.moe_shared_expert_overlap=false.")

@@ -85,6 +85,7 @@ class MoEProvider(DecoderProvider):
             moe_router_load_balancing_type=c.moe_router_load_balancing_type,
             moe_aux_loss_coeff=c.moe_aux_loss_coeff,
             moe_token_dispatcher_type=c.moe_token_dispatcher_type,
+            moe_shared_expert_overlap=c.moe_shared_expert_overlap,
             # megatron-core's grouped classes need TransformerEngine or the CUDA grouped_gemm
             # package; loong's grouped experts come in through layer_spec instead.
             moe_grouped_gemm=False,
