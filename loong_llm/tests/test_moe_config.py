@@ -28,7 +28,8 @@ OVERLAP = ["experiment=deepseek_v3_debug", "model.moe_shared_expert_overlap=true
 
 
 @pytest.mark.parametrize("override, message", [
-    ("model.moe_shared_expert_intermediate_size=0", "needs a shared expert (model.moe_shared_expert_intermediate_size > 0)"),
+    ("model.moe_shared_expert_intermediate_size=0",
+     "needs a shared expert (model.moe_shared_expert_intermediate_size > 0)"),
     ("model.moe_token_dispatcher_type=allgather", "works with the alltoall dispatcher only"),
     ("parallel.recompute_modules=[shared_experts]", "cannot recompute the shared expert"),
 ])
