@@ -9,6 +9,12 @@ Parts (each prints a small table):
 * ``bf16``: the bf16-vs-fp32 check of ``loong_llm/tests/test_mixed_precision.py`` at the llama size:
   one initial checkpoint, 10 steps in fp32 and in bf16 from it, the worst per-step relative loss
   difference against one bf16 unit (2^-8).
+* ``moe`` (not in the default parts; about 2 minutes): a DeepSeek-V3-style MoE with a shared expert
+  (16 experts top-4, hidden 1024, sequence 1024, bf16) from one initial checkpoint, 20 steps with
+  ``model.moe_shared_expert_overlap`` false and true: per-step losses (within a bf16 unit: the
+  overlap adds the router's and the shared expert's gradients in another order), median tokens/s,
+  and, from a ``trainer.profile`` trace of the overlapped run, whether GPU kernels ran on more than
+  one CUDA stream at the same time (the shared expert on megatron-core's side stream).
 
 ``--dry-run`` runs the same code on CPU at tiny sizes (a handful of steps) to check the script.
 """
@@ -32,6 +38,12 @@ LLAMA_TINY = ["model.hidden_size=64", "model.num_layers=2", "model.num_attention
 QUIET = ["trainer.log_interval=1", "trainer.eval_interval=0", "trainer.eval_at_start=false",
          "trainer.progress_bar=false", "trainer.tensorboard=false"]
 BF16_UNIT = 2.0 ** -8
+MOE_GPU = ["model.num_layers=4", "model.hidden_size=1024", "model.num_attention_heads=8", "model.ffn_hidden_size=2816",
+           "model.q_lora_rank=256", "model.kv_lora_rank=128", "model.qk_head_dim=64", "model.qk_pos_emb_head_dim=32",
+           "model.v_head_dim=64", "model.num_experts=16", "model.moe_router_topk=4", "model.moe_ffn_hidden_size=512",
+           "model.moe_shared_expert_intermediate_size=1024", "model.moe_layer_freq=[0,1,1,1]",
+           "model.moe_router_num_groups=4", "model.moe_router_group_topk=2", "data.seq_length=1024",
+           "trainer.micro_batch_size=8", "trainer.global_batch_size=8"]
 
 
 class Check:
@@ -42,6 +54,7 @@ class Check:
         self.device = "device=cpu" if dry_run else "device=cuda"
         self.llama = ["experiment=llama_shakespeare", *(LLAMA_TINY if dry_run else LLAMA_100M)]
         self.dit = ["experiment=dit_digits_debug" if dry_run else "experiment=dit_digits"]
+        self.moe = ["experiment=deepseek_v3_debug", *([] if dry_run else MOE_GPU)]
         self.steps = 3 if dry_run else 30
         self.compare_steps = 3 if dry_run else 10
         self.warmup = 1 if dry_run else 5
@@ -102,15 +115,60 @@ def bf16(check: Check, root: Path) -> bool:
     return ok
 
 
+def _overlapping_streams(trace: Path) -> tuple[int, bool]:
+    """``(CUDA streams with kernels, whether kernels of two streams overlap in time)`` of a trace."""
+    import json
+
+    kernels = [e for e in json.loads(trace.read_text())["traceEvents"]
+               if e.get("cat") == "kernel" and e.get("ph") == "X"]
+    by_stream: dict = {}
+    for event in kernels:
+        by_stream.setdefault(event.get("args", {}).get("stream"), []).append((event["ts"], event["ts"] + event["dur"]))
+    spans = sorted((start, end, stream) for stream, items in by_stream.items() for start, end in items)
+    overlap, latest = False, {}
+    for start, end, stream in spans:
+        if any(other != stream and finish > start for other, finish in latest.items()):
+            overlap = True
+            break
+        latest[stream] = max(latest.get(stream, 0), end)
+    return len(by_stream), overlap
+
+
+def moe(check: Check, root: Path) -> bool:
+    steps = 5 if check.dry_run else 20
+    check.train(check.moe, root / "init", "trainer.train_iters=1", "optim.lr_warmup_iters=0")
+    runs = {}
+    for overlap in (False, True):
+        profile = (["trainer.profile=true", f"trainer.profile_step_start={steps - 2}",
+                    f"trainer.profile_step_end={steps}"] if overlap else [])
+        runs[overlap] = check.train(check.moe, root / f"overlap_{overlap}", f"trainer.train_iters={steps}",
+                                    "trainer.save_at_end=false", f"trainer.init_from={root / 'init'}",
+                                    "parallel.mixed_precision=bf16", f"model.moe_shared_expert_overlap={overlap}",
+                                    *profile)
+    print(HEADER)
+    for overlap, records in runs.items():
+        print(_summary(f"moe shared-expert overlap={overlap}", records, check.warmup, "tokens_per_sec"))
+    worst = max(abs(a["loss"] - b["loss"]) / abs(a["loss"]) for a, b in zip(runs[False], runs[True]))
+    print(f"worst per-step relative loss difference {worst:.2e} (one bf16 unit {BF16_UNIT:.2e})")
+    traces = sorted((root / "overlap_True" / "profile").glob("rank0.*.pt.trace.json"))
+    ok = worst <= BF16_UNIT and len(traces) == 1
+    if traces and not check.dry_run:
+        streams, overlapped = _overlapping_streams(traces[0])
+        print(f"profile of steps {steps - 2}-{steps - 1}: kernels on {streams} CUDA stream(s), "
+              f"{'kernels of two streams overlap' if overlapped else 'no two streams overlap'}")
+        ok = ok and streams > 1 and overlapped
+    return ok
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("parts", nargs="*", help="llama, dit, bf16 (default: all three)")
+    parser.add_argument("parts", nargs="*", help="llama, dit, bf16 (default: all three), moe")
     parser.add_argument("--dry-run", action="store_true", help="tiny sizes on CPU")
     args = parser.parse_args()
     parts = args.parts or ["llama", "dit", "bf16"]
-    unknown = sorted(set(parts) - {"llama", "dit", "bf16"})
+    unknown = sorted(set(parts) - {"llama", "dit", "bf16", "moe"})
     if unknown:
-        parser.error(f"unknown part(s) {', '.join(unknown)}; choose from llama, dit, bf16")
+        parser.error(f"unknown part(s) {', '.join(unknown)}; choose from llama, dit, bf16, moe")
     check = Check(args.dry_run)
     status = 0
     with tempfile.TemporaryDirectory() as tmp:

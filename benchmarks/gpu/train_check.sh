@@ -3,9 +3,13 @@
 # (H200, Python 3.12, torch 2.11, triton 3.6, no internet), the machine of benchmarks/gpu/check.sh:
 #   1. 30 steps of a ~100M-parameter Llama in bf16 on the megatron engine (loss, tokens/s, MFU);
 #   2. 30 steps of dit_digits in bf16 on the torch engine (loss, samples/s, MFU);
-#   3. the bf16-vs-fp32 loss check at the Llama size (10 steps from one checkpoint, one bf16 unit).
+#   3. the bf16-vs-fp32 loss check at the Llama size (10 steps from one checkpoint, one bf16 unit);
+#   (4., asked for by name: `train_check.sh moe`, about 2 minutes) a DeepSeek-V3-style MoE with a
+#      shared expert, model.moe_shared_expert_overlap false vs true: losses, tokens/s, and whether
+#      the profiled overlapped steps ran kernels on two CUDA streams at once.
 #
 #   bash benchmarks/gpu/train_check.sh            # on the GPU machine, from the repository root
+#   bash benchmarks/gpu/train_check.sh moe        # only the named parts (llama, dit, bf16, moe)
 #   bash benchmarks/gpu/train_check.sh --prepare  # where PyPI is reachable: wheels + data cache
 #   bash benchmarks/gpu/train_check.sh --dry-run  # anywhere: the same Python at tiny sizes on CPU
 #
@@ -30,7 +34,7 @@ from loong_core.config.compose import load_config
 from loong_core.plugins import get_plugin_system
 
 registry = get_plugin_system().registry()
-for experiment in ("llama_shakespeare", "dit_digits"):
+for experiment in ("llama_shakespeare", "dit_digits", "deepseek_v3_debug"):
     cfg = load_config([f"experiment={experiment}"])
     registry.get("dataset", cfg.data.name).load()(cfg.data).prepare()
     print("prepared", experiment, "data")
@@ -46,13 +50,14 @@ case "${1:-}" in
     ;;
   --dry-run)
     export LOONG_CACHE="${LOONG_CACHE:-$HOME/.cache/loong}"
-    exec "$PY" benchmarks/gpu/train_check.py --dry-run
+    shift
+    exec "$PY" benchmarks/gpu/train_check.py --dry-run "$@"
     ;;
-  "") ;;
-  *)
-    echo "usage: $0 [--prepare | --dry-run]" >&2
+  -*)
+    echo "usage: $0 [--prepare | --dry-run [PART...] | PART...]" >&2
     exit 2
     ;;
+  *) ;;
 esac
 
 echo "== machine"
@@ -70,4 +75,4 @@ else
   echo "no $CACHE: run '$0 --prepare' where PyPI is reachable and carry it" >&2
   exit 1
 fi
-timeout 560 "$PY" benchmarks/gpu/train_check.py
+timeout 560 "$PY" benchmarks/gpu/train_check.py "$@"
