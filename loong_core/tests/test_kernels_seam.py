@@ -278,6 +278,30 @@ def test_seam_core_attention_equals_megatron_dot_product_attention(mcore, packed
         torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
 
 
+def test_seam_core_attention_takes_scattered_windows_as_group_ids(mcore):
+    """A BlockDiagonalMask (vision windows as group ids, attended both ways, the groups scattered
+    over the positions) gives what the same mask given densely gives, forward and backward."""
+    from megatron.core.transformer.enums import AttnMaskType
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from loong_core.engines.megatron.seam.modules import SeamCoreAttention
+    from loong_core.kernels.segment_mask import block_diagonal_mask
+
+    config = TransformerConfig(num_layers=1, hidden_size=64, num_attention_heads=4, num_query_groups=2,
+                               use_cpu_initialization=True, attention_dropout=0.0)
+    attention = SeamCoreAttention(config, 1, AttnMaskType.no_mask, "self")
+    q, k, v = (t.permute(2, 0, 1, 3).detach().requires_grad_() for t in _qkv(hq=4, hk=2, d=16))
+    groups = block_diagonal_mask(WINDOWS)
+    dense = ~(WINDOWS[:, :, None] == WINDOWS[:, None, :])[:, None]
+    assert torch.equal(groups.dense(), dense)
+    out, expected = attention(q, k, v, groups), attention(q, k, v, dense)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    for g, e in zip(torch.autograd.grad(out.sum(), (q, k, v)), torch.autograd.grad(expected.sum(), (q, k, v))):
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
+    unmasked = attention(q, k, v, None)
+    assert (out - unmasked).abs().max() > 1e-3  # the groups do mask
+
+
 def test_seam_core_attention_takes_thd_packed_seq_params_as_segments(mcore):
     from megatron.core.packed_seq_params import PackedSeqParams
     from megatron.core.transformer.enums import AttnMaskType

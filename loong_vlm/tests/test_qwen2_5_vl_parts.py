@@ -37,8 +37,20 @@ def test_patch_rows_and_columns_equal_transformers_merge_block_order():
 def test_windows_equal_transformers_window_index():
     positions = patch_positions(GRIDS, MERGE)
     ours = block_mask(window_ids(positions, MERGE, WINDOW // (MERGE * PATCH)))
-    assert torch.equal(ours, _hf_window_mask(GRIDS))
+    assert tuple(ours.shape) == (1, positions.shape[0])  # group ids, no [n, n] mask
+    assert torch.equal(ours.dense(), _hf_window_mask(GRIDS).dense())
     assert window_ids(positions, MERGE, 2).unique().numel() == 2 + 2 * 1 + 2 * 3  # 4x6, 4x4 (x2), 8x10
+
+
+@pytest.mark.parametrize("window_tokens", [1, 2, 3])
+def test_window_ids_number_windows_in_frame_row_column_order(window_tokens):
+    """The ids are those of sorting the (frame, window row, window column) triples: one key per
+    triple, in their lexicographic order."""
+    positions = patch_positions(GRIDS, MERGE)
+    side = MERGE * window_tokens
+    triples = torch.stack([positions[:, 0], positions[:, 1] // side, positions[:, 2] // side], dim=1)
+    expected = torch.unique(triples, dim=0, return_inverse=True)[1]
+    assert torch.equal(window_ids(positions, MERGE, window_tokens), expected)
 
 
 def test_window_size_must_tile_merge_blocks(mcore_single_rank):

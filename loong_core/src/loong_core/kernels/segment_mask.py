@@ -39,6 +39,30 @@ class SegmentMask(torch.Tensor):
         return dense_mask(self.segment_ids()).unsqueeze(1)
 
 
+class BlockDiagonalMask(torch.Tensor):
+    """Attention within groups of positions, both ways (vision windows, the patches of a frame),
+    held as group ids: a position attends to every position with its id, earlier or later, and to
+    no other. The positions of a group need not be contiguous.
+
+    An ``int`` tensor ``[b, s]`` (use :func:`block_diagonal_mask`); the seam's core attention reads
+    the ids directly (the varlen path of ``kernels.attention``), so no ``[s, s]`` mask is built.
+    """
+
+    def segment_ids(self) -> torch.Tensor:
+        """The ids as a plain tensor ``[b, s]``."""
+        return self.as_subclass(torch.Tensor)
+
+    def dense(self) -> torch.Tensor:
+        """The same mask densely: ``bool [b, 1, s, s]``, True = masked (another group)."""
+        ids = self.segment_ids()
+        return (ids[..., :, None] != ids[..., None, :]).unsqueeze(1)
+
+
+def block_diagonal_mask(group_ids: torch.Tensor) -> BlockDiagonalMask:
+    """``group_ids`` ``[b, s]`` as the :class:`BlockDiagonalMask` the seam's attention understands."""
+    return group_ids.as_subclass(BlockDiagonalMask)
+
+
 def segment_mask(segment_ids: torch.Tensor) -> SegmentMask:
     """``segment_ids`` ``[b, s]`` as the :class:`SegmentMask` the seam's attention understands."""
     return segment_ids.as_subclass(SegmentMask)

@@ -57,13 +57,19 @@ def window_ids(positions: torch.Tensor, merge: int, window_tokens: int) -> torch
     """``[n]`` id of the attention window of each patch: windows tile each frame in squares of
     ``window_tokens x window_tokens`` merged tokens from the top-left corner."""
     side = merge * window_tokens
-    keys = torch.stack([positions[:, 0], positions[:, 1] // side, positions[:, 2] // side], dim=1)
-    return torch.unique(keys, dim=0, return_inverse=True)[1]
+    frame, row, col = positions[:, 0], positions[:, 1] // side, positions[:, 2] // side
+    # One integer per (frame, window row, window column), ordered as those triples are (the ids
+    # torch.unique(dim=0) gives them, without its row-by-row comparison on a CPU).
+    rows, cols = int(row.max()) + 1, int(col.max()) + 1
+    return torch.unique((frame * rows + row) * cols + col, return_inverse=True)[1]
 
 
-def block_mask(ids: torch.Tensor) -> torch.Tensor:
-    """``[1, 1, n, n]`` attention mask (True = masked) letting patches with equal ``ids`` meet."""
-    return (ids[:, None] != ids[None, :])[None, None]
+def block_mask(ids: torch.Tensor):
+    """The attention mask letting patches with equal ``ids`` ``[n]`` meet, as group ids
+    (:class:`~loong_core.kernels.segment_mask.BlockDiagonalMask` ``[1, n]``: no ``[n, n]`` mask)."""
+    from loong_core.kernels.segment_mask import block_diagonal_mask
+
+    return block_diagonal_mask(ids[None])
 
 
 #: Patches encoded together at most (more only when one frame has more): bounds the block masks.

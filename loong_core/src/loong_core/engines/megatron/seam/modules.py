@@ -11,7 +11,7 @@ from megatron.core.transformer.module import MegatronModule
 from loong_core import kernels
 from loong_core.engines.megatron.seam import chunked_attention, context_parallel, swiglu
 from loong_core.errors import ConfigError
-from loong_core.kernels.segment_mask import SegmentMask, segment_mask
+from loong_core.kernels.segment_mask import BlockDiagonalMask, SegmentMask, segment_mask
 
 
 class SeamRMSNorm(torch.nn.Module):
@@ -138,7 +138,9 @@ class SeamCoreAttention(MegatronModule):
     key ``[sk, b, ng, hn]``, value ``[sk, b, ng, hv]`` with ``np`` a multiple of ``ng`` (GQA:
     K/V are not repeated); returns ``[sq, b, np * hv]``. ``attention_mask`` is None (the mask
     type's pattern), a :class:`~loong_core.kernels.segment_mask.SegmentMask` (packed documents
-    as segment ids: no ``[s, s]`` mask exists) or megatron's boolean mask. Under context parallelism
+    as segment ids: no ``[s, s]`` mask exists), a
+    :class:`~loong_core.kernels.segment_mask.BlockDiagonalMask` (vision windows and frames as
+    group ids, attended both ways) or megatron's boolean mask. Under context parallelism
     (``context_parallel_size > 1``) the keys and values of the group are all-gathered
     (:mod:`.context_parallel`); a ``SegmentMask`` then holds the ids of the whole sequence (the
     batch's, unsliced) and a dense mask is not supported.
@@ -212,6 +214,8 @@ class SeamCoreAttention(MegatronModule):
             causal = mask_type == AttnMaskType.causal
         elif isinstance(attention_mask, SegmentMask):  # packed documents, as the data gives them
             causal, segment_ids = True, attention_mask.segment_ids()
+        elif isinstance(attention_mask, BlockDiagonalMask):  # vision windows / frames, both ways
+            causal, segment_ids = False, attention_mask.segment_ids()
         else:
             causal, segment_ids, mask = mask_to_pattern(attention_mask)
         b = query.shape[1]
