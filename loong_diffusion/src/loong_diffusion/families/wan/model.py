@@ -13,6 +13,14 @@ class WanProvider(DiffusersProvider):
     model_class = "diffusers:WanTransformer3DModel"
     block_attr = "blocks"
 
+    def build_torch_model(self):
+        """diffusers' model, its attention through loong's SDPA (:mod:`.attention`)."""
+        from loong_diffusion.families.wan.attention import install_attention
+
+        model = super().build_torch_model()
+        install_attention(model)
+        return model
+
     def denoise(self, model, x_t, sigmas, condition):
         text = condition["text_embeds"]
         if "text_mask" in condition:  # Wan pads prompts with zero embeddings, not an attention mask
