@@ -19,8 +19,9 @@ shape                          bf16      fp32 inside  ratio
 So bf16 / fp16 attention (inputs in that dtype, or fp32 inputs under a CPU autocast that would
 cast them) over at most :data:`CPU_FP32_MAX_KEYS` keys runs in fp32 with autocast off, and the
 output comes back in the dtype SDPA would have returned. Policy heads and DiTs with a few dozen
-tokens, vision windows and packed documents of a few hundred are the cases this serves; longer
-sequences and every other device keep SDPA as called. fp32 is also the more exact of the two.
+tokens, vision windows and packed documents of a few hundred are the cases this serves (Wan's
+text cross-attention too, through loong_diffusion's Wan processor); longer sequences and every
+other device keep SDPA as called. fp32 is also the more exact of the two.
 """
 
 from __future__ import annotations
