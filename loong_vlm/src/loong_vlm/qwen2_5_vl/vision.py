@@ -3,10 +3,10 @@
 Patches arrive as transformers' ``Qwen2VLImageProcessor`` emits them: every image / video of
 the batch concatenated, each walked in ``merge x merge`` blocks (the patches of one block
 consecutive). Attention stays inside one frame; most layers further restrict it to windows of
-``window_size`` pixels, a few (``fullatt_block_indexes``) see the whole frame. Both are boolean
-block masks over the patches in their original order - attention is permutation-equivariant, so
-this equals transformers' reordering of the patches into windows - and the output keeps the
-input order.
+``window_size`` pixels, a few (``fullatt_block_indexes``) see the whole frame. Both are block
+masks over the patches in their original order, given as group ids (a ``BlockDiagonalMask``: no
+``[n, n]`` mask is built) - attention is permutation-equivariant, so this equals transformers'
+reordering of the patches into windows - and the output keeps the input order.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import torch
 from megatron.core.transformer.module import MegatronModule
 
 from loong_core.errors import ConfigError
+from loong_core.kernels.segment_mask import BlockDiagonalMask, block_diagonal_mask
 from loong_vlm.encoders.spec import bidirectional_layer_spec, encoder_transformer_config
 from loong_vlm.qwen2_5_vl.config import Qwen25ViTConfig
 
@@ -64,11 +65,9 @@ def window_ids(positions: torch.Tensor, merge: int, window_tokens: int) -> torch
     return torch.unique((frame * rows + row) * cols + col, return_inverse=True)[1]
 
 
-def block_mask(ids: torch.Tensor):
+def block_mask(ids: torch.Tensor) -> BlockDiagonalMask:
     """The attention mask letting patches with equal ``ids`` ``[n]`` meet, as group ids
     (:class:`~loong_core.kernels.segment_mask.BlockDiagonalMask` ``[1, n]``: no ``[n, n]`` mask)."""
-    from loong_core.kernels.segment_mask import block_diagonal_mask
-
     return block_diagonal_mask(ids[None])
 
 
