@@ -31,6 +31,9 @@ class DeviceBackend:
             another device type may lack them: it sets False and ``auto`` keeps torch's default).
         pinned_host_memory: Host copies of device tensors (an asynchronous checkpoint's snapshot)
             go to page-locked memory, which this device copies into faster.
+        side_streams: megatron-core's options that overlap work on a CUDA side stream
+            (``moe_shared_expert_overlap``) run on this device; elsewhere the megatron engine
+            turns them off with a warning.
     """
 
     name = "base"
@@ -38,6 +41,7 @@ class DeviceBackend:
     visible_devices_var: str | None = None
     fused_optimizers = True
     pinned_host_memory = False
+    side_streams = False
 
     @classmethod
     def is_available(cls) -> bool:
@@ -179,6 +183,13 @@ class DeviceBackend:
     def describe(self) -> str:
         """One line for the banner."""
         return self.name
+
+    def profiler_activities(self) -> list:
+        """What ``trainer.profile`` records (``torch.profiler.ProfilerActivity`` values): the
+        host's ops; a backend whose kernels torch's profiler sees adds its own."""
+        from torch.profiler import ProfilerActivity
+
+        return [ProfilerActivity.CPU]
 
     def autocast(self) -> Any:
         """Context manager for mixed precision (none by default)."""

@@ -14,6 +14,7 @@ class CUDABackend(DeviceBackend):
 
     name = "cuda"
     pinned_host_memory = True
+    side_streams = True
     dist_backend = "nccl"
     visible_devices_var = "CUDA_VISIBLE_DEVICES"
 
@@ -121,3 +122,9 @@ class CUDABackend(DeviceBackend):
         import torch
 
         return f"cuda:{self.local_rank} ({torch.cuda.get_device_name(self.local_rank)})"
+
+    def profiler_activities(self) -> list:
+        """The host's ops and the GPU's kernels."""
+        from torch.profiler import ProfilerActivity
+
+        return [*super().profiler_activities(), ProfilerActivity.CUDA]

@@ -70,7 +70,7 @@ class Trainer:
         peak = device.peak_flops(engine.compute_dtype)
         self._peak = peak * run.world_size if peak else None  # None: unknown peak, no MFU
         self.throughput = Throughput(unit, flops_per_token, self._peak)
-        self.profiler = StepProfiler(self.cfg, run.run_dir, run.rank, run.world_size, device.device_type)
+        self.profiler = StepProfiler(self.cfg, run.run_dir, run.rank, run.world_size, device.profiler_activities())
         self.straggler = None
         if run.world_size > 1 and self.cfg.straggler_factor > 0:
             self.straggler = StragglerMonitor(getattr(engine, "model", None), device, self.cfg.straggler_factor,

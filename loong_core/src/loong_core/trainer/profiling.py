@@ -27,17 +27,6 @@ OPS_TABLE_ROWS = 60
 """Rows of ``rank<R>.ops.txt``."""
 
 
-def _activities(device_type: str) -> list:
-    """The profiler activities of the run's device: CPU always, and the accelerator's kernels."""
-    from torch.profiler import ProfilerActivity
-
-    activities = [ProfilerActivity.CPU]
-    accelerator = {"cuda": "CUDA", "xpu": "XPU"}.get(device_type)
-    if accelerator and hasattr(ProfilerActivity, accelerator):
-        activities.append(getattr(ProfilerActivity, accelerator))
-    return activities
-
-
 class StepProfiler:
     """Records ``trainer.profile_step_start <= step < trainer.profile_step_end`` on this rank.
 
@@ -47,13 +36,14 @@ class StepProfiler:
         rank: This process's global rank.
         world_size: Ranks of the run (a rank of ``profile_ranks`` beyond it records nothing, with
             a warning).
-        device_type: The device backend's type (``cpu``, ``cuda``, ``xpu``).
+        activities: What to record (``torch.profiler.ProfilerActivity`` values: the device
+            backend's ``profiler_activities()``).
     """
 
-    def __init__(self, cfg, run_dir: Path, rank: int, world_size: int, device_type: str):
+    def __init__(self, cfg, run_dir: Path, rank: int, world_size: int, activities: list):
         self.start_step, self.end_step = cfg.profile_step_start, cfg.profile_step_end
         self.directory = Path(run_dir) / "profile"
-        self.rank, self.device_type = rank, device_type
+        self.rank, self.activities = rank, activities
         self.record_shapes = cfg.profile_record_shapes
         self.with_stack = cfg.profile_with_stack
         ranks = list(cfg.profile_ranks)
@@ -76,7 +66,7 @@ class StepProfiler:
 
             self.directory.mkdir(parents=True, exist_ok=True)
             self._profiler = profile(
-                activities=_activities(self.device_type), record_shapes=self.record_shapes,
+                activities=self.activities, record_shapes=self.record_shapes,
                 with_stack=self.with_stack,
                 on_trace_ready=tensorboard_trace_handler(str(self.directory), worker_name=f"rank{self.rank}"),
             )
@@ -100,7 +90,7 @@ class StepProfiler:
             return
         before = set(self.directory.glob(f"rank{self.rank}.*.pt.trace.json"))
         profiler.stop()
-        sort = "self_cpu_time_total" if self.device_type == "cpu" else "self_device_time_total"
+        sort = "self_cpu_time_total" if len(self.activities) == 1 else "self_device_time_total"
         table = profiler.key_averages(group_by_input_shape=self.record_shapes).table(
             sort_by=sort, row_limit=OPS_TABLE_ROWS)
         ops = self.directory / f"rank{self.rank}.ops.txt"

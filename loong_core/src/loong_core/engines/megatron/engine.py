@@ -48,7 +48,7 @@ class MegatronEngine(Engine):
     def _drop_cuda_stream_options(self) -> None:
         """Turn off the megatron-core options it implements with CUDA streams only
         (:data:`CUDA_STREAM_OPTIONS`) on another device, with a warning naming each."""
-        if self.device.device_type == "cuda":
+        if self.device.side_streams:
             return
         for key in CUDA_STREAM_OPTIONS:
             if getattr(self.mcore_config, key, False):
