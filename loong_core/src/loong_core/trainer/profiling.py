@@ -53,7 +53,6 @@ class StepProfiler:
                            beyond, world_size)
         self.enabled = bool(cfg.profile) and rank in ranks
         self._profiler = None
-        self.written: list[Path] = []
 
     def recording(self, step: int) -> bool:
         """Whether ``step`` (1-based) is one of the recorded steps."""
@@ -96,7 +95,6 @@ class StepProfiler:
         ops = self.directory / f"rank{self.rank}.ops.txt"
         ops.write_text(f"steps {self.start_step}..{self.end_step - 1}, sorted by {sort}\n{table}\n")
         traces = sorted(set(self.directory.glob(f"rank{self.rank}.*.pt.trace.json")) - before)
-        self.written = [*traces, ops]
         logger.info("profile of steps %d-%d on rank %d written to %s (open with tensorboard --logdir %s)",
-                    self.start_step, self.end_step - 1, self.rank, ", ".join(str(p) for p in self.written),
+                    self.start_step, self.end_step - 1, self.rank, ", ".join(str(p) for p in [*traces, ops]),
                     self.directory)
