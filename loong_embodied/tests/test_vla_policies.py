@@ -14,9 +14,10 @@ import torch
 
 from loong_core.errors import ConfigError
 from loong_embodied.policies.common import flow
+from loong_embodied.policies.common.embodiment import EmbodimentGroups
 from loong_embodied.policies.groot.config import GrootConfig
 from loong_embodied.policies.groot.dit import DiT
-from loong_embodied.policies.groot.embodiment import EmbodimentGroups, EmbodimentLinear
+from loong_embodied.policies.groot.embodiment import EmbodimentLinear, EmbodimentMLP
 from loong_embodied.policies.groot.model import GrootProvider
 from loong_embodied.policies.pi05.config import Pi05Config
 from loong_embodied.policies.pi05.model import Pi05Provider
@@ -224,6 +225,25 @@ def test_a_mixed_batch_equals_each_sample_run_alone_and_trains_only_the_embodime
     out.square().sum().backward()
     assert layer.weight.grad[1].abs().max() == 0 and layer.bias.grad[1].abs().max() == 0   # embodiment 1 absent
     assert all(layer.weight.grad[e].abs().max() > 0 for e in (0, 2, 3))
+
+
+def test_an_embodiment_mlp_runs_a_mixed_batch_sorted_once_as_each_sample_alone():
+    """EmbodimentMLP sorts a mixed batch by embodiment once, runs every layer as one grouped product
+    and puts the rows back: outputs and weight gradients equal those of each sample alone (fp32)."""
+    torch.manual_seed(0)
+    mlp = EmbodimentMLP(5, [6, 8, 3], torch.nn.ReLU)
+    x, ids = torch.randn(7, 4, 6), torch.tensor([3, 0, 3, 4, 0, 0, 3])
+    out = mlp(x, EmbodimentGroups(ids, 5))
+    grads = torch.autograd.grad(out.square().sum(), list(mlp.parameters()))
+    want = [torch.zeros_like(g) for g in grads]
+    for i in range(7):
+        alone = mlp(x[i:i + 1], EmbodimentGroups(ids[i:i + 1], 5))
+        torch.testing.assert_close(out[i:i + 1], alone, rtol=0, atol=1e-6)
+        for total, g in zip(want, torch.autograd.grad(alone.square().sum(), list(mlp.parameters()))):
+            total += g
+    for got, ref in zip(grads, want):
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
+    assert grads[0][1].abs().max() == 0 and grads[0][2].abs().max() == 0   # embodiments 1, 2 absent
 
 
 def test_a_mixed_batch_trains_under_bf16_autocast():

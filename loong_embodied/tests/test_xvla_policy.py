@@ -69,6 +69,31 @@ def test_a_domain_reads_only_its_own_soft_prompts_and_layers():
     torch.testing.assert_close(mixed[0::2], zero[0::2])
 
 
+def test_a_mixed_domain_batch_equals_each_sample_run_alone_with_the_same_gradients():
+    """A mixed batch runs sorted by domain (one grouped product per per-domain layer) and is put back
+    in its order: outputs and weight gradients equal those of each sample run alone (fp32)."""
+    model = provider(num_domains=3, hetero_projection=True).build_torch_model().eval()
+    b, x_t, t = batch(), torch.randn(4, 4, 4), torch.rand(4)
+    b["domain_id"] = torch.tensor([2, 0, 2, 1])
+    mixed = model(b, x_t, t)
+    grads = torch.autograd.grad(mixed.square().sum(), list(model.head.parameters()))
+    alone_grads = [torch.zeros_like(g) for g in grads]
+    for i in range(4):
+        one = {k: (v[i:i + 1] if isinstance(v, torch.Tensor) else v[i:i + 1]) for k, v in b.items()}
+        out = model(one, x_t[i:i + 1], t[i:i + 1])
+        torch.testing.assert_close(mixed[i:i + 1], out, atol=1e-6, rtol=0)
+        for total, g in zip(alone_grads, torch.autograd.grad(out.square().sum(), list(model.head.parameters()))):
+            total += g
+    for name, got, want in zip([n for n, _ in model.head.named_parameters()], grads, alone_grads):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5, msg=name)
+
+
+def test_a_domain_id_beyond_num_domains_names_the_setting():
+    model = provider().build_torch_model().eval()
+    with pytest.raises(ConfigError, match="model.num_domains=2"):
+        model({**batch(), "domain_id": torch.tensor([0, 1, 2, 0])}, torch.randn(4, 4, 4), torch.rand(4))
+
+
 def test_a_second_camera_becomes_auxiliary_tokens_outside_the_language_model():
     model = provider(image_keys=["observation.image", "observation.wrist"]).build_torch_model().eval()
     b = batch(cameras=("observation.image", "observation.wrist"))

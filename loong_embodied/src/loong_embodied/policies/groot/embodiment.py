@@ -1,49 +1,15 @@
-"""GR00T's embodiment-specific layers: one weight matrix per embodiment, picked by each sample's id.
-
-GR00T trains one action head for many robots: its state encoder, action encoder and action
-decoder hold a linear layer per embodiment (``CategorySpecificLinear``), and each sample goes
-through its robot's. LeRobot gathers a ``[B, in, out]`` weight per sample and runs a batched
-matmul (and scatters the gradients back), even when every sample is the same robot. Here a
-batch is grouped once per forward (:class:`EmbodimentGroups`): a batch of one embodiment runs one
-plain matmul, a mixed batch one matmul per embodiment present.
-"""
+"""GR00T's embodiment-specific layers (``CategorySpecificLinear`` / ``CategorySpecificMLP``): one weight
+matrix per embodiment, picked by each sample's id (:mod:`loong_embodied.policies.common.embodiment`
+groups the batch and runs the products)."""
 
 from __future__ import annotations
 
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from loong_core.errors import ConfigError
-
-
-class EmbodimentGroups:
-    """The samples of a batch grouped by embodiment id.
-
-    Args:
-        ids: Embodiment id of each sample ``[B]`` (integers).
-        num_embodiments: How many embodiments the layers hold (ids must be below it).
-
-    Attributes:
-        members: ``(embodiment, sample indices)`` per embodiment present; the indices are None when
-            the whole batch is one embodiment.
-
-    Raises:
-        ConfigError: An id is outside ``[0, num_embodiments)``.
-    """
-
-    def __init__(self, ids: torch.Tensor, num_embodiments: int):
-        present = [int(e) for e in torch.unique(ids).tolist()]   # one host sync per forward
-        bad = [e for e in present if not 0 <= e < num_embodiments]
-        if bad:
-            raise ConfigError(f"embodiment id(s) {bad} in the batch, but model.num_embodiments={num_embodiments}: "
-                              f"raise model.num_embodiments or fix the dataset's embodiment_id")
-        if len(present) == 1:
-            self.members: list[tuple[int, torch.Tensor | None]] = [(present[0], None)]
-        else:
-            self.members = [(e, torch.nonzero(ids == e).flatten()) for e in present]
+from loong_embodied.policies.common.embodiment import EmbodimentGroups
 
 
 class EmbodimentLinear(nn.Module):
@@ -65,14 +31,11 @@ class EmbodimentLinear(nn.Module):
 
     def forward(self, x: torch.Tensor, groups: EmbodimentGroups) -> torch.Tensor:
         """``x [B, ..., in]`` through each sample's embodiment's layer -> ``[B, ..., out]``."""
-        if len(groups.members) == 1:
-            e = groups.members[0][0]
-            return F.linear(x, self.weight[e], self.bias[e])
-        parts = [(index, F.linear(x[index], self.weight[e], self.bias[e])) for e, index in groups.members]
-        out = parts[0][1].new_empty(*x.shape[:-1], self.out_features)  # the products' dtype (bf16 under autocast)
-        for index, part in parts:
-            out[index] = part
-        return out
+        return groups.unsort(self.sorted_forward(groups.sort(x), groups))
+
+    def sorted_forward(self, x: torch.Tensor, groups: EmbodimentGroups) -> torch.Tensor:
+        """:meth:`forward` of a batch already in ``groups.sort``'s order (the result in it too)."""
+        return groups.linear(x, self.weight, self.bias)
 
 
 class EmbodimentMLP(nn.Module):
@@ -85,8 +48,10 @@ class EmbodimentMLP(nn.Module):
         self.activation = activation()
 
     def forward(self, x: torch.Tensor, groups: EmbodimentGroups) -> torch.Tensor:
+        """``x [B, ..., dims[0]]`` -> ``[B, ..., dims[-1]]``; a mixed batch is sorted by embodiment once."""
+        x = groups.sort(x)
         for i, layer in enumerate(self.layers):
-            x = layer(x, groups)
+            x = layer.sorted_forward(x, groups)
             if i < len(self.layers) - 1:
                 x = self.activation(x)
-        return x
+        return groups.unsort(x)

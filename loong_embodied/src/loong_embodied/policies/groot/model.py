@@ -32,10 +32,11 @@ from torch import nn
 from loong_core.errors import ConfigError
 from loong_embodied.policies.common import flow, tokens
 from loong_embodied.policies.common.backbone import VisionEncoder, build_language_model
+from loong_embodied.policies.common.embodiment import EmbodimentGroups
 from loong_embodied.policies.groot.config import GrootConfig
 from loong_embodied.policies.groot.dit import DiT, SelfAttentionStack
 from loong_embodied.policies.groot.embeddings import action_time_embedding, dit_time_embedding, timestep_buckets
-from loong_embodied.policies.groot.embodiment import EmbodimentGroups, EmbodimentMLP
+from loong_embodied.policies.groot.embodiment import EmbodimentMLP
 from loong_embodied.policies.provider_base import FlowMatchingVLAProvider
 
 

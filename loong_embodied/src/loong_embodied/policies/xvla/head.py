@@ -17,6 +17,7 @@ import math
 import torch
 from torch import nn
 
+from loong_embodied.policies.common.embodiment import EmbodimentGroups
 from loong_embodied.policies.groot.dit import SelfAttentionStack
 
 
@@ -31,7 +32,8 @@ def time_embedding(t: torch.Tensor, dim: int, max_period: float = 100.0) -> torc
 
 
 class DomainLinear(nn.Module):
-    """A linear layer with one weight ``[in, out]`` and bias per domain, chosen per sample."""
+    """A linear layer with one weight ``[in, out]`` and bias per domain, chosen per sample (X-VLA's
+    layout; the products: :class:`~loong_embodied.policies.common.embodiment.EmbodimentGroups`)."""
 
     def __init__(self, in_features: int, out_features: int, num_domains: int):
         super().__init__()
@@ -40,9 +42,10 @@ class DomainLinear(nn.Module):
         for w in self.weight.data:
             nn.init.xavier_uniform_(w)
 
-    def forward(self, x: torch.Tensor, domain: torch.Tensor) -> torch.Tensor:
-        """``x`` ``[B, L, in]`` through the weights of ``domain`` ``[B]`` -> ``[B, L, out]``."""
-        return torch.matmul(x, self.weight[domain]) + self.bias[domain][:, None]
+    def forward(self, x: torch.Tensor, groups: EmbodimentGroups) -> torch.Tensor:
+        """``x`` ``[B, L, in]``, in ``groups.sort``'s order, through each sample's domain's weights
+        -> ``[B, L, out]`` (in that order too)."""
+        return groups.linear(x, self.weight.transpose(1, 2), self.bias)
 
 
 class SoftPromptedHead(nn.Module):
@@ -69,6 +72,7 @@ class SoftPromptedHead(nn.Module):
                  mlp_ratio: float = 4.0, dropout: float = 0.0, hetero_projection: bool = False):
         super().__init__()
         self.time_dim = time_dim
+        self.num_domains = num_domains
         self.hetero_projection = hetero_projection
         self.action_encoder = DomainLinear(action_dim + state_dim + time_dim, width, num_domains)
         if hetero_projection:
@@ -83,8 +87,8 @@ class SoftPromptedHead(nn.Module):
         self.norm = nn.LayerNorm(width)
         self.action_decoder = DomainLinear(width, action_dim, num_domains)
 
-    def _project(self, layer: nn.Module, x: torch.Tensor, domain: torch.Tensor) -> torch.Tensor:
-        return layer(x, domain) if self.hetero_projection else layer(x)
+    def _project(self, layer: nn.Module, x: torch.Tensor, groups: EmbodimentGroups) -> torch.Tensor:
+        return layer(x, groups) if self.hetero_projection else layer(x)
 
     def forward(self, x_t: torch.Tensor, state: torch.Tensor, t: torch.Tensor, domain: torch.Tensor,
                 features: torch.Tensor, aux: torch.Tensor) -> torch.Tensor:
@@ -99,13 +103,16 @@ class SoftPromptedHead(nn.Module):
             aux: Tokens of the other camera views ``[B, L_aux, features_dim]`` (``L_aux`` may be 0).
         """
         b, chunk = x_t.shape[:2]
+        # a mixed batch runs sorted by domain (each sample's tokens only meet its own), put back at the end
+        groups = EmbodimentGroups(domain, self.num_domains, "model.num_domains")
+        x_t, state, t, domain, features, aux = map(groups.sort, (x_t, state, t, domain, features, aux))
         time = time_embedding(t, self.time_dim)[:, None].expand(b, chunk, self.time_dim)
         inputs = torch.cat([x_t, state[:, None].expand(b, chunk, state.shape[-1]), time], dim=-1)
-        x = torch.cat([self.action_encoder(inputs, domain), self._project(self.features_proj, features, domain),
-                       self._project(self.aux_proj, aux, domain)], dim=1)
+        x = torch.cat([self.action_encoder(inputs, groups), self._project(self.features_proj, features, groups),
+                       self._project(self.aux_proj, aux, groups)], dim=1)
         if x.shape[1] > self.positions.shape[0]:
             raise ValueError(f"{x.shape[1]} tokens (chunk + VLM + auxiliary views) exceed model.max_seq_len="
                              f"{self.positions.shape[0]}")
         x = x + self.positions[None, : x.shape[1]]
         x = self.transformer(torch.cat([x, self.soft_prompts[domain]], dim=1))
-        return self.action_decoder(self.norm(x[:, :chunk]), domain)
+        return groups.unsort(self.action_decoder(self.norm(x[:, :chunk]), groups))

@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 from megatron.core.transformer.module import MegatronModule
 
-from loong_llm.families.common import grouped_experts_checkpoint, grouped_matmul
+from loong_core.kernels import grouped_matmul
+from loong_llm.families.common import grouped_experts_checkpoint
 
 
 def unsupported_reason(config) -> str | None:

@@ -1,4 +1,7 @@
-"""One matrix product per expert over tokens sorted by expert, without a Python loop over experts.
+"""One matrix product per group over rows sorted by group, without a Python loop over the groups.
+
+The groups are a MoE layer's experts (loong_llm's grouped experts) or the robots of a
+cross-embodiment policy (loong_embodied's per-embodiment layers); the text says experts.
 
 ``grouped_linear(x, weight, counts)``: ``x [T, K]`` holds the tokens of expert 0, then those of
 expert 1, ... (``counts[e]`` rows each, as megatron-core's token dispatchers hand them to the
