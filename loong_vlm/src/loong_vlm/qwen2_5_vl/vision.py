@@ -4,9 +4,11 @@ Patches arrive as transformers' ``Qwen2VLImageProcessor`` emits them: every imag
 the batch concatenated, each walked in ``merge x merge`` blocks (the patches of one block
 consecutive). Attention stays inside one frame; most layers further restrict it to windows of
 ``window_size`` pixels, a few (``fullatt_block_indexes``) see the whole frame. Both are block
-masks over the patches in their original order, given as group ids (a ``BlockDiagonalMask``: no
-``[n, n]`` mask is built) - attention is permutation-equivariant, so this equals transformers'
-reordering of the patches into windows - and the output keeps the input order.
+masks given as group ids (a ``BlockDiagonalMask``: no ``[n, n]`` mask is built). As transformers
+does, the patches of each frame are sorted into their windows once per forward (windows nest in
+frames, so frames stay contiguous too): every mask is then a run of contiguous segments, which
+attention runs without gathering the tokens of scattered groups at every layer. The output is
+put back in the input order.
 """
 
 from __future__ import annotations
@@ -153,10 +155,15 @@ class Qwen25VisionEncoder(MegatronModule):
     def _encode(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Features ``[n, hidden]`` of embedded patches ``[n, 1, hidden]`` of whole frames."""
         c = self.cfg
+        windows = window_ids(positions, c.spatial_merge_size, self.window_tokens)
+        order = None
+        if windows.numel() > 1 and bool((windows[1:] < windows[:-1]).any()):   # sorted into windows once
+            order = torch.argsort(windows, stable=True)
+            x, positions, windows = x.index_select(0, order), positions.index_select(0, order), windows[order]
         rotary = rotary_angles(positions, c.hidden_size // c.num_attention_heads, c.rope_theta)
         full_mask = block_mask(positions[:, 0])
-        window_mask = block_mask(window_ids(positions, c.spatial_merge_size, self.window_tokens))
+        window_mask = block_mask(windows)
         for index, layer in enumerate(self.blocks.layers):
             mask = full_mask if index in c.fullatt_block_indexes else window_mask
             x, _ = layer(x, attention_mask=mask, rotary_pos_emb=rotary)
-        return x[:, 0]
+        return x[:, 0] if order is None else x[:, 0].index_select(0, torch.argsort(order))
