@@ -7,8 +7,8 @@ transformers padded.
 * ``loong_auto`` / ``loong_bf16``: ``loong`` with ``kernels=auto`` / in bf16 mixed precision;
 * ``transformers``: ``Qwen2_5_VLForConditionalGeneration`` (SDPA) fed the way its documentation
   trains it: ``Qwen2_5_VLProcessor`` (its PIL image processor, the chat text with the image
-  markup, ``padding=True``) on ``batch`` records per step, labels -100 on padding and on the
-  prompt, torch's fused AdamW and clipping.
+  markup, ``padding=True``) on the records of loong's packed sample of the same step as one
+  padded batch, labels -100 on padding and on the prompt, torch's fused AdamW and clipping.
 
 Both read the same records (written once per shape into ``$TMPDIR/loong-peers-vlm-<shape>``: one
 image per record, each side drawn from 56..448 px in steps of 28, so no resize is needed and both
@@ -16,10 +16,13 @@ processors give the same patch grids; a prompt and an answer of 4..40 words) and
 (the BPE loong trains on them: the transformers arm loads its ``tokenizer.json``). The models have
 the same configuration (``describe``) and random initialisations of their own.
 
-A packed step holds a varying number of records, so every arm's step time is scaled to ``batch``
-records (seconds per step x ``batch`` / records in that step; loong's records per step are read
-from its own packing of the split, which the loader walks in order); the table's samples/s are
-records per second. The transformers arm sees exactly ``batch`` records per step.
+A packed step holds a varying number of records (about ``batch``), so every arm's step time is
+scaled to ``batch`` records (seconds per step x ``batch`` / records in that step); the table's
+samples/s are records per second. Step ``i`` of every arm trains on the same records: those of
+loong's ``i``-th packed sample (:func:`_steps_records`, from loong's own packing of the split,
+which its loader walks in order), so the step times compare the same images and texts. (Before
+2026-12-06 16:00 UTC the transformers arm took ``batch`` records in file order, so the arms'
+medians came from different records: images of 56..448 px make a step's cost vary by 2x.)
 """
 
 from __future__ import annotations
@@ -157,9 +160,15 @@ def _loong(shape: dict, steps: int, root: Path, kernels: str, precision: str = "
                    "trainer.save_at_end=false", "trainer.progress_bar=false", "trainer.tensorboard=false",
                    f"trainer.run_dir={run_dir}"], env={"OMP_NUM_THREADS": str(_THREADS)}, timeout=1800)
         times = [r["step_time"] for r in sorted(read_metrics(run_dir), key=lambda r: r["step"])]
-    train, _ = _loong_data(shape, root).build(steps, 1, SEED)
-    per_step = [len(train.samples[step % len(train)]) for step in range(len(times))]
+    per_step = [len(records) for records in _steps_records(shape, root, len(times))]
     return [t * shape["batch"] / n for t, n in zip(times, per_step)]
+
+
+def _steps_records(shape: dict, root: Path, steps: int) -> list[list[int]]:
+    """The records (indices into ``train.json``) loong trains on at each of its first ``steps``
+    steps: its packed samples in the order its loader walks them."""
+    train, _ = _loong_data(shape, root).build(steps, 1, SEED)
+    return [train.samples[step % len(train)] for step in range(steps)]
 
 
 # -- transformers ----------------------------------------------------------------------------------
@@ -211,13 +220,13 @@ def _hf_model(shape: dict, processor):
 
 
 def _hf_batches(shape: dict, steps: int, root: Path, processor):
-    """``steps`` processed batches of ``batch`` records in order, with labels on the answers."""
+    """``steps`` processed batches, each the records of loong's step, with labels on the answers."""
     from PIL import Image
 
     records = json.loads((root / "train.json").read_text())
     batches = []
-    for step in range(steps):
-        chosen = [records[(step * shape["batch"] + k) % len(records)] for k in range(shape["batch"])]
+    for indices in _steps_records(shape, root, steps):
+        chosen = [records[index] for index in indices]
         texts, prompts = [], []
         for record in chosen:
             human, gpt = record["conversations"]
@@ -232,7 +241,7 @@ def _hf_batches(shape: dict, steps: int, root: Path, processor):
         for row, (prompt, image) in enumerate(zip(prompts, images)):  # no loss on the prompt
             labels[row, : len(processor(text=[prompt], images=[image])["input_ids"][0])] = -100
         batch["labels"] = labels
-        batches.append(batch)
+        batches.append((batch, len(chosen)))
     return batches
 
 
@@ -246,7 +255,7 @@ def _transformers(shape: dict, steps: int, root: Path, precision: str) -> list[f
     optimizer = torch.optim.AdamW(model.parameters(), lr=OPTIM["lr"], betas=OPTIM["betas"], eps=OPTIM["eps"],
                                   weight_decay=OPTIM["weight_decay"], fused=True)
     times = []
-    for batch in _hf_batches(shape, steps, root, processor):
+    for batch, records in _hf_batches(shape, steps, root, processor):
         start = time.perf_counter()
         with peers_harness.peer_autocast(precision):
             loss = model(**batch, use_cache=False).loss
@@ -254,5 +263,5 @@ def _transformers(shape: dict, steps: int, root: Path, precision: str) -> list[f
         torch.nn.utils.clip_grad_norm_(model.parameters(), OPTIM["clip"])
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        times.append(time.perf_counter() - start)
+        times.append((time.perf_counter() - start) * shape["batch"] / records)
     return times
