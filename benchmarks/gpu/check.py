@@ -3,6 +3,7 @@
     python benchmarks/gpu/check.py correctness     # every kernel vs its torch reference, bf16 + fp32
     python benchmarks/gpu/check.py bandwidth       # GB/s per kernel against a device-to-device copy
     python benchmarks/gpu/check.py fp8             # Linear-heavy MLP: bf16 vs FP8 tensorwise / rowwise
+    python benchmarks/gpu/check.py grouped         # per-group products (experts, embodiments) vs a loop
     python benchmarks/gpu/check.py llama           # ~100M Llama, 20 steps, kernels=torch vs triton
     python benchmarks/gpu/check.py all --dry-run   # tiny shapes on CPU (Triton's interpreter)
 
@@ -351,9 +352,71 @@ def llama(root: Path) -> bool:
     return ok
 
 
+def grouped(reps: int = 20) -> bool:
+    """Per-group products (MoE experts, robot embodiments), ``loong_core.kernels.grouped_matmul``:
+    ``torch._grouped_mm`` (where its probe says it runs) and the padded batched matmul against a loop
+    over the groups, forward and gradients, bf16 and fp32; then a mixed-embodiment GR00T MLP
+    (512 -> 256 -> 256, 4 embodiments, 32 samples x 16 actions, bf16 autocast) as loong runs it
+    (sorted once, grouped products) against LeRobot's way (a weight gathered per sample, ``bmm``):
+    ms per forward + backward. Needs ``loong_embodied``'s sources on PYTHONPATH."""
+    from loong_core.kernels.grouped_matmul import grouped_linear, grouped_mm_supported
+    from loong_embodied.policies.common.embodiment import EmbodimentGroups
+    from loong_embodied.policies.groot.embodiment import EmbodimentMLP
+
+    rows, ok = [], True
+    counts = torch.tensor([3, 0, 5, 1] if DRY else [96, 0, 160, 32])
+    k, n = (16, 8) if DRY else (256, 512)
+    for dtype in (torch.bfloat16, torch.float32):
+        gen = torch.Generator(device=DEVICE).manual_seed(0)
+        x = torch.randn(int(counts.sum()), k, device=DEVICE, generator=gen).to(dtype)
+        w = torch.randn(4, n, k, device=DEVICE, generator=gen).to(dtype) / k ** 0.5
+        bounds = torch.cumsum(counts, 0).tolist()
+
+        def loop(x, w):
+            starts = [0] + bounds[:-1]
+            return torch.cat([x[a:b] @ w[e].T for e, (a, b) in enumerate(zip(starts, bounds))])
+
+        ref_outs, ref_grads, cot = _run(loop, [x, w])
+        paths = [True, False] if grouped_mm_supported(DEVICE, dtype, k, n) else [False]
+        for use in paths:
+            outs, grads, _ = _run(lambda x, w: grouped_linear(x, w, counts, use_grouped_mm=use), [x, w], cot)
+            errors = [_relative_error(outs[0], ref_outs[0])] + [_relative_error(a, b) for a, b in zip(grads, ref_grads)]
+            passed = all(e <= LIMIT[dtype] for e in errors) and grads[1][1].abs().max().item() == 0
+            ok &= passed
+            rows.append(["grouped_mm" if use else "padded bmm", str(dtype).replace("torch.", ""),
+                         f"{errors[0]:.2e}", f"{max(errors[1:]):.2e}", "ok" if passed else "FAIL"])
+    print("grouped products: largest |path - per-group loop| / largest |loop|, outputs and gradients "
+          "(the empty group's weight gradient must be zero)")
+    print(_table(["path", "dtype", "output", "gradients", "result"], rows))
+
+    torch.manual_seed(0)
+    width, batch, actions, embodiments = (16, 4, 2, 3) if DRY else (256, 32, 16, 4)
+    mlp = EmbodimentMLP(embodiments, [2 * width, width, width]).to(DEVICE)
+    x = torch.randn(batch, actions, 2 * width, device=DEVICE)
+    ids = torch.arange(batch, device=DEVICE) % embodiments
+
+    def loong_step():
+        with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
+            out = mlp(x, EmbodimentGroups(ids, embodiments))
+        out.float().square().mean().backward()
+
+    def gathered_step():   # LeRobot's CategorySpecificLinear: W[ids] per sample, bmm
+        with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
+            h = x
+            for i, layer in enumerate(mlp.layers):
+                h = torch.bmm(h, layer.weight[ids].transpose(1, 2)) + layer.bias[ids][:, None]
+                h = mlp.activation(h) if i < len(mlp.layers) - 1 else h
+        h.float().square().mean().backward()
+
+    loong_ms, gathered_ms = _ms(loong_step, reps), _ms(gathered_step, reps)
+    print(f"mixed-embodiment MLP, forward + backward, bf16 autocast: loong (sorted, grouped) {loong_ms:.3f} ms, "
+          f"per-sample weight gather + bmm {gathered_ms:.3f} ms ({gathered_ms / loong_ms:.2f}x)")
+    return ok
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("part", choices=["correctness", "bandwidth", "fp8", "llama", "all"])
+    parser.add_argument("part", choices=["correctness", "bandwidth", "fp8", "grouped", "llama", "all"])
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes on CPU in Triton's interpreter")
     parser.add_argument("--reps", type=int, default=20)
     args = parser.parse_args()
@@ -367,6 +430,8 @@ def main() -> int:
         bandwidth(3 if DRY else args.reps)
     if args.part in ("fp8", "all"):
         ok &= fp8(3 if DRY else args.reps)
+    if args.part in ("grouped", "all"):
+        ok &= grouped(3 if DRY else args.reps)
     if args.part in ("llama", "all"):
         with tempfile.TemporaryDirectory() as root:
             ok &= llama(Path(root))

@@ -11,6 +11,9 @@
 #   4. FP8 training speed: forward + backward of a Linear-heavy MLP (4 x 4096 -> 16384 -> 4096,
 #      16384 tokens) in bf16, FP8 tensorwise and FP8 rowwise (torchao float8, torch.compile), the
 #      rows parallel.fp8_format / fp8_recipe give on the torch engine (torchao travels as a wheel).
+#   5. grouped products (MoE experts, mixed-embodiment batches): torch._grouped_mm and the padded
+#      batched matmul against a per-group loop, bf16 and fp32, and a mixed-embodiment GR00T MLP as
+#      loong runs it against LeRobot's per-sample weight gather + bmm (ms per forward + backward).
 #
 #   bash benchmarks/gpu/check.sh                 # on the GPU machine, from the repository root
 #   bash benchmarks/gpu/check.sh --dry-run       # anywhere: tiny shapes on CPU in Triton's interpreter
@@ -102,7 +105,7 @@ case "${1:-}" in
     exit $?
     ;;
   --dry-run)
-    export PYTHONPATH="$ROOT/loong_core/src:$ROOT/loong_kernels/src${PYTHONPATH:+:$PYTHONPATH}"
+    export PYTHONPATH="$ROOT/loong_core/src:$ROOT/loong_kernels/src:$ROOT/loong_embodied/src${PYTHONPATH:+:$PYTHONPATH}"
     export LOONG_CACHE="${LOONG_CACHE:-$(mktemp -d)/loong-cache}"
     "$PY" benchmarks/gpu/check.py all --dry-run || exit $?
     TRITON_INTERPRET=1 PYTHONPATH="$ROOT/loong_llm/src:$PYTHONPATH" "$PY" benchmarks/dsa.py \
@@ -161,5 +164,9 @@ else
   echo "torchao missing: carry $WHEELS (built with --build-wheels) for the FP8 rows"
   status=1
 fi
+
+echo "== 5. grouped products (MoE experts, mixed-embodiment batches): grouped_mm vs a loop, speed vs a per-sample gather"
+PYTHONPATH="$ROOT/loong_core/src:$ROOT/loong_kernels/src:$ROOT/loong_embodied/src${PYTHONPATH:+:$PYTHONPATH}" \
+  timeout 120 "$PY" benchmarks/gpu/check.py grouped || status=1
 
 exit $status
