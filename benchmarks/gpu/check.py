@@ -370,16 +370,14 @@ def grouped(reps: int = 20) -> bool:
         gen = torch.Generator(device=DEVICE).manual_seed(0)
         x = torch.randn(int(counts.sum()), k, device=DEVICE, generator=gen).to(dtype)
         w = torch.randn(4, n, k, device=DEVICE, generator=gen).to(dtype) / k ** 0.5
-        bounds = torch.cumsum(counts, 0).tolist()
-
-        def loop(x, w):
+        def loop(x, w, bounds=torch.cumsum(counts, 0).tolist()):
             starts = [0] + bounds[:-1]
             return torch.cat([x[a:b] @ w[e].T for e, (a, b) in enumerate(zip(starts, bounds))])
 
         ref_outs, ref_grads, cot = _run(loop, [x, w])
         paths = [True, False] if grouped_mm_supported(DEVICE, dtype, k, n) else [False]
         for use in paths:
-            outs, grads, _ = _run(lambda x, w: grouped_linear(x, w, counts, use_grouped_mm=use), [x, w], cot)
+            outs, grads, _ = _run(lambda x, w, use=use: grouped_linear(x, w, counts, use_grouped_mm=use), [x, w], cot)
             errors = [_relative_error(outs[0], ref_outs[0])] + [_relative_error(a, b) for a, b in zip(grads, ref_grads)]
             passed = all(e <= LIMIT[dtype] for e in errors) and grads[1][1].abs().max().item() == 0
             ok &= passed
