@@ -366,13 +366,16 @@ def grouped(reps: int = 20) -> bool:
     rows, ok = [], True
     counts = torch.tensor([3, 0, 5, 1] if DRY else [96, 0, 160, 32])
     k, n = (16, 8) if DRY else (256, 512)
+    bounds = torch.cumsum(counts, 0).tolist()
+
+    def loop(x, w):
+        starts = [0] + bounds[:-1]
+        return torch.cat([x[a:b] @ w[e].T for e, (a, b) in enumerate(zip(starts, bounds))])
+
     for dtype in (torch.bfloat16, torch.float32):
         gen = torch.Generator(device=DEVICE).manual_seed(0)
         x = torch.randn(int(counts.sum()), k, device=DEVICE, generator=gen).to(dtype)
         w = torch.randn(4, n, k, device=DEVICE, generator=gen).to(dtype) / k ** 0.5
-        def loop(x, w, bounds=torch.cumsum(counts, 0).tolist()):
-            starts = [0] + bounds[:-1]
-            return torch.cat([x[a:b] @ w[e].T for e, (a, b) in enumerate(zip(starts, bounds))])
 
         ref_outs, ref_grads, cot = _run(loop, [x, w])
         paths = [True, False] if grouped_mm_supported(DEVICE, dtype, k, n) else [False]
