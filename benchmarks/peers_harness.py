@@ -108,11 +108,13 @@ def table(arms: dict[str, str], times: dict[str, list[float]], notes: dict[str, 
           unit: str, baseline: str = "loong") -> list[str]:
     """Markdown rows: arm, median and fastest s/step, throughput, speed-up of ``baseline`` over the
     arm (the arm's step time / the baseline's: above 1 means the baseline is faster; a ``*_bf16``
-    arm is compared with ``<baseline>_bf16`` where that ran, so each precision against its own), the
-    number of timed steps, settings. Arms that did not run show why."""
+    arm is compared with ``<baseline>_bf16`` where that ran, so each precision against its own) by
+    the median, the fastest step and the mean step (the run's throughput over its timed steps: for
+    arms whose step ``i`` trains on the same data, e.g. the VLM's records, the like-for-like one),
+    the number of timed steps, settings. Arms that did not run show why."""
     rows = [f"| arm | median s/step | {unit}/s | {baseline} speed-up (median) | fastest s/step "
-            f"| {baseline} speed-up (fastest) | steps | settings |",
-            "|---|---|---|---|---|---|---|---|"]
+            f"| {baseline} speed-up (fastest) | {baseline} speed-up (mean) | steps | settings |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for arm, settings in arms.items():
         base = times.get(f"{baseline}_bf16") if arm.endswith("_bf16") else None
         base = base or times.get(baseline)
@@ -121,8 +123,9 @@ def table(arms: dict[str, str], times: dict[str, list[float]], notes: dict[str, 
             median, fastest = statistics.median(t), min(t)
             ratio = f"{median / statistics.median(base):.2f}x" if base else "n/a"
             best = f"{fastest / min(base):.2f}x" if base else "n/a"
+            mean = f"{statistics.fmean(t) / statistics.fmean(base):.2f}x" if base else "n/a"
             rows.append(f"| {arm} | {median:.3f} | {units / median:.0f} | {ratio} | {fastest:.3f} | {best} "
-                        f"| {len(t)} | {settings} |")
+                        f"| {mean} | {len(t)} | {settings} |")
         elif arm in notes:
-            rows.append(f"| {arm} | - | - | - | - | - | 0 | not run: {notes[arm]} |")
+            rows.append(f"| {arm} | - | - | - | - | - | - | 0 | not run: {notes[arm]} |")
     return rows
