@@ -25,10 +25,6 @@ class EmbodimentLinear(nn.Module):
             nn.init.kaiming_uniform_(self.weight[e], a=math.sqrt(5))
         nn.init.uniform_(self.bias, -bound, bound)
 
-    @property
-    def out_features(self) -> int:
-        return self.weight.shape[1]
-
     def forward(self, x: torch.Tensor, groups: EmbodimentGroups) -> torch.Tensor:
         """``x [B, ..., in]`` through each sample's embodiment's layer -> ``[B, ..., out]``."""
         return groups.unsort(self.sorted_forward(groups.sort(x), groups))
