@@ -79,7 +79,7 @@ def test_a_mixed_domain_batch_equals_each_sample_run_alone_with_the_same_gradien
     grads = torch.autograd.grad(mixed.square().sum(), list(model.head.parameters()))
     alone_grads = [torch.zeros_like(g) for g in grads]
     for i in range(4):
-        one = {k: (v[i:i + 1] if isinstance(v, torch.Tensor) else v[i:i + 1]) for k, v in b.items()}
+        one = {k: v[i:i + 1] for k, v in b.items()}
         out = model(one, x_t[i:i + 1], t[i:i + 1])
         torch.testing.assert_close(mixed[i:i + 1], out, atol=1e-6, rtol=0)
         for total, g in zip(alone_grads, torch.autograd.grad(out.square().sum(), list(model.head.parameters()))):
