@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -100,17 +101,46 @@ MTP_CASES = {
 }
 
 
-def _round_trip(tmp_path, family, flags, dtype, overrides, mtp_depth=0):
+def _write_source(directory, family, dtype, overrides, mtp_depth=0):
     import torch
 
-    src = write_hf_model(family, tmp_path / "src", seed=3,
+    src = write_hf_model(family, directory / "src", seed=3,
                          dtype=getattr(torch, dtype) if dtype else None, **overrides)
     if mtp_depth:
         add_mtp_layers(src, mtp_depth)
+    return src
+
+
+def _round_trip(tmp_path, family, flags, dtype, overrides, mtp_depth=0):
+    src = _write_source(tmp_path, family, dtype, overrides, mtp_depth)
     loong("convert", "hf-to-loong", "--family", family, str(src), str(tmp_path / "ckpt"), *flags)
     loong("convert", "loong-to-hf", str(tmp_path / "ckpt"), str(tmp_path / "out"))
     assert_same_model(src, tmp_path / "out")
     return src, tmp_path / "out"
+
+
+ONE_RANK = {**{case: (*spec, 0) for case, spec in CASES.items()},
+            **{case: (family, flags, dtype, overrides, depth)
+               for case, (family, flags, dtype, depth, overrides) in MTP_CASES.items() if not flags}}
+
+
+@pytest.fixture(scope="module")
+def one_rank_round_trips(tmp_path_factory):
+    """``case -> (source, exported, failure or None)`` of every one-rank case of ``ONE_RANK``,
+    converted by ``loong convert`` run in one process (``round_trip_driver.py``): the same CLI
+    commands, one start-up for all cases instead of two per case."""
+    root = tmp_path_factory.mktemp("one_rank")
+    jobs, sources = {}, {}
+    for case, (family, flags, dtype, overrides, depth) in ONE_RANK.items():
+        sources[case] = _write_source(root / case, family, dtype, overrides, depth)
+        jobs[case] = [str(root / case), ["--family", family, *flags, str(sources[case])]]
+    (root / "jobs.json").write_text(json.dumps(jobs))
+    driver = Path(__file__).with_name("round_trip_driver.py")
+    result = subprocess.run([sys.executable, str(driver), str(root / "jobs.json"), str(root / "results.json")],
+                            capture_output=True, text=True, timeout=1200, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
+    failures = json.loads((root / "results.json").read_text())
+    return {case: (sources[case], root / case / "out", failures[case]) for case in ONE_RANK}
 
 
 @pytest.fixture(scope="module")
@@ -127,14 +157,16 @@ def sharded_round_trips(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_round_trip_is_bit_exact(tmp_path, case):
-    _round_trip(tmp_path, *CASES[case])
+@pytest.mark.parametrize("case", list(ONE_RANK))
+def test_round_trip_is_bit_exact(one_rank_round_trips, case):
+    src, out, failure = one_rank_round_trips[case]
+    assert failure is None, failure
+    assert_same_model(src, out)
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.multirank) if MTP_CASES[c][1] else c
-                                  for c in MTP_CASES])
-def test_round_trip_with_mtp_layers_is_bit_exact(tmp_path, case):
+@pytest.mark.multirank
+@pytest.mark.parametrize("case", [c for c in MTP_CASES if MTP_CASES[c][1]])
+def test_round_trip_with_mtp_layers_through_sharded_checkpoint_is_bit_exact(tmp_path, case):
     family, flags, dtype, depth, overrides = MTP_CASES[case]
     _round_trip(tmp_path, family, flags, dtype, overrides, mtp_depth=depth)
 
