@@ -52,27 +52,27 @@ def test_kernels_config_has_one_key_per_op():
     assert [f.name for f in dataclasses.fields(KernelsConfig)] == list(OPS)
 
 
-def test_auto_is_the_plain_backend_on_cpu_and_sdpa_for_attention():
+def test_auto_is_the_plain_backend_on_cpu_but_analytic_rms_norm_and_sdpa_for_attention():
     choices = resolve_all({}, "cpu", get_plugin_system().registry())
     assert {op: c.backend for op, c in choices.items()} == {
-        **{op: "torch" for op in OPS}, "attention": "sdpa"}
+        **{op: "torch" for op in OPS}, "rms_norm": "analytic", "attention": "sdpa"}
 
 
 def test_auto_prefers_a_backend_registered_for_the_device():
     reg = registry_with(FAST)
     assert resolve_op("rms_norm", "auto", "cuda", reg).backend == "fast"
-    assert resolve_op("rms_norm", "auto", "cpu", reg).backend == "torch"
+    assert resolve_op("rms_norm", "auto", "cpu", reg).backend == "analytic"  # every device's
 
 
 def test_unknown_backend_is_a_config_error_listing_the_registered_ones():
     with pytest.raises(ConfigError, match=r"'kernels.rms_norm' = 'tourch'.*Did you mean 'torch'.*"
-                                          r"Choices: auto, compile, torch"):
+                                          r"Choices: auto, analytic, compile, torch"):
         check_names({"rms_norm": "tourch"}, get_plugin_system().registry())
 
 
 def test_unavailable_backend_is_a_config_error_listing_the_available_ones():
     with pytest.raises(ConfigError, match=r"'kernels.rms_norm' = 'broken' is not available.*"
-                                          r"Available: auto, compile, torch"):
+                                          r"Available: auto, analytic, compile, torch"):
         resolve_op("rms_norm", "broken", "cpu", registry_with(BROKEN))
 
 
@@ -115,11 +115,11 @@ def test_auto_picks_compile_on_cpu_only_for_runs_long_enough_to_recover_the_comp
 
     reg = get_plugin_system().registry()
     compiles = is_available(reg.get("kernel", "rms_norm:compile"))
-    assert resolve_op("rms_norm", "auto", "cpu", reg).backend == "torch"  # no loong train: no steps
-    assert resolve_op("rms_norm", "auto", "cpu", reg, train_steps=steps - 1).backend == "torch"
-    assert resolve_op("rms_norm", "auto", "cpu", reg, train_steps=steps).backend == ("compile" if compiles
-                                                                                      else "torch")
-    assert resolve_op("rms_norm", "auto", "cuda", reg, train_steps=10 * steps).backend != "compile"
+    assert resolve_op("swiglu", "auto", "cpu", reg).backend == "torch"  # no loong train: no steps
+    assert resolve_op("swiglu", "auto", "cpu", reg, train_steps=steps - 1).backend == "torch"
+    assert resolve_op("swiglu", "auto", "cpu", reg, train_steps=steps).backend == ("compile" if compiles
+                                                                                    else "torch")
+    assert resolve_op("swiglu", "auto", "cuda", reg, train_steps=10 * steps).backend != "compile"
     assert resolve_op("attention", "auto", "cpu", reg, train_steps=steps).backend == "sdpa"
     doctor_cmd.run(argparse.Namespace(json=False), [])
     if compiles:
@@ -138,9 +138,9 @@ def test_a_resumed_run_keeps_its_checkpoints_backends_for_the_ops_left_at_auto()
     assert choices["layer_norm_modulate"].backend == resolve_op("layer_norm_modulate", "auto", "cpu", reg,
                                                                 steps).backend   # an unknown backend
     broken = resolve_all({}, "cpu", reg, keep={"rms_norm": "broken"})["rms_norm"]  # not available here
-    assert broken.backend == "torch"
+    assert broken.backend == "analytic"
     assert resolve_all({}, "cpu", reg, keep={"rms_norm": "compile"})["rms_norm"].backend == (
-        "compile" if is_available(reg.get("kernel", "rms_norm:compile")) else "torch")
+        "compile" if is_available(reg.get("kernel", "rms_norm:compile")) else "analytic")
 
 
 def test_a_checkpoint_records_the_kernels_and_device_its_run_trained_with(tmp_path):
@@ -151,7 +151,7 @@ def test_a_checkpoint_records_the_kernels_and_device_its_run_trained_with(tmp_pa
                "trainer.eval_at_start=false", f"trainer.run_dir={tmp_path}"])
     record = store.read_record(store.find_latest(tmp_path / "checkpoints"))
     assert record["device_type"] == "cpu"
-    assert record["kernels"] == {**{op: "torch" for op in OPS}, "attention": "sdpa"}
+    assert record["kernels"] == {**{op: "torch" for op in OPS}, "rms_norm": "analytic", "attention": "sdpa"}
 
 
 def test_doctor_versions_import_nothing_heavy():
@@ -344,7 +344,7 @@ def test_torch_engine_swaps_rms_norms_keeping_parameters_and_outputs():
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), LlamaStyleRMSNorm(8), torch.nn.RMSNorm(8, eps=1e-5))
     x = torch.randn(3, 8)
     expected, keys = model(x), set(model.state_dict())
-    kernels.configure({}, "cpu")
+    kernels.configure({"rms_norm": "torch"}, "cpu")
     assert swap_modules(model) == []  # plain rms_norm: the library's modules stay
     reg = registry_with(("rms_norm:ref", "loong_core.kernels.reference:rms_norm", {}))
     kernels.configure({"rms_norm": "ref"}, "cpu", reg)

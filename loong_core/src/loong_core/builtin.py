@@ -47,7 +47,7 @@ def loong_register_cli_commands(register):
 
 @hookimpl
 def loong_register_kernels(register):
-    from loong_core.kernels.ops import COMPILE_AUTO_MIN_STEPS_CPU, NO_COMPILE, OPS
+    from loong_core.kernels.ops import ANY_DEVICE, COMPILE_AUTO_MIN_STEPS_CPU, NO_COMPILE, OPS
 
     for op in OPS:
         if op == "attention":
@@ -62,6 +62,10 @@ def loong_register_kernels(register):
                  available="loong_core.kernels.availability:compile_available",
                  auto_on=("cpu",), auto_priority=10, auto_min_steps=COMPILE_AUTO_MIN_STEPS_CPU,
                  description="the torch reference under torch.compile")
+    register("rms_norm:analytic", "loong_core.kernels.analytic:rms_norm",
+             reference="loong_core.kernels.reference:rms_norm",
+             available="loong_core.kernels.availability:always", auto_on=(ANY_DEVICE,), auto_priority=5,
+             description="torch ops with a closed-form backward (keeps the input and 1/rms)")
     reference = "loong_core.kernels.reference:attention"
     register("attention:eager", reference, reference=reference,
              available="loong_core.kernels.availability:always",

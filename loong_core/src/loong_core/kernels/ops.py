@@ -29,6 +29,9 @@ NO_COMPILE: frozenset[str] = frozenset({"attention", "sparse_attention", "indexe
 PLAIN: dict[str, str] = {op: "torch" for op in OPS}
 PLAIN["attention"] = "sdpa"
 
+# ``meta['auto_on']`` entry meaning every device type.
+ANY_DEVICE = "*"
+
 # Backends that ``auto`` picks on a device type when a plugin registers them without saying
 # (``meta['auto_on']`` overrides): the Triton kernels (loong's, flash-linear-attention's) on CUDA.
 # Higher priority wins.

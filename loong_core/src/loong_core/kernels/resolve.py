@@ -4,8 +4,9 @@ A kernel is registered (hook ``loong_register_kernels``) as ``"<op>:<backend>"``
 ``meta['reference']`` (its torch reference) and ``meta['available']`` (a ``"module:attr"``
 predicate ``() -> bool``). Optional metadata steers ``auto``:
 
-- ``auto_on``: device types (``"cuda"``, ``"cpu"``, ...) where ``auto`` may pick the backend;
-  by default ``triton`` on ``cuda`` only (see :data:`ops.DEFAULT_AUTO_ON`).
+- ``auto_on``: device types (``"cuda"``, ``"cpu"``, ...) where ``auto`` may pick the backend,
+  or ``"*"`` (:data:`ops.ANY_DEVICE`) for every device type; by default ``triton`` on ``cuda``
+  only (see :data:`ops.DEFAULT_AUTO_ON`).
 - ``auto_priority``: int, the highest available candidate wins (default 100 for ``triton``, 0).
 - ``auto_min_steps``: int, ``auto`` picks the backend only for runs of at least that many
   steps (``trainer.train_iters``): a one-time cost per process, such as ``torch.compile``'s,
@@ -20,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from loong_core.errors import ConfigError, PluginError
-from loong_core.kernels.ops import DEFAULT_AUTO_ON, DEFAULT_AUTO_PRIORITY, OPS, PLAIN
+from loong_core.kernels.ops import ANY_DEVICE, DEFAULT_AUTO_ON, DEFAULT_AUTO_PRIORITY, OPS, PLAIN
 from loong_core.plugins.registry import Entry, Registry, did_you_mean
 
 AUTO = "auto"
@@ -71,6 +72,11 @@ def _auto_on(backend: str, entry: Entry) -> tuple[str, ...]:
     return tuple(entry.meta.get("auto_on", DEFAULT_AUTO_ON.get(backend, ())))
 
 
+def _auto_picks_on(backend: str, entry: Entry, device_type: str) -> bool:
+    on = _auto_on(backend, entry)
+    return device_type in on or ANY_DEVICE in on
+
+
 def _priority(backend: str, entry: Entry) -> int:
     return int(entry.meta.get("auto_priority", DEFAULT_AUTO_PRIORITY.get(backend, 0)))
 
@@ -87,7 +93,7 @@ def auto_rules(device_type: str, registry: Registry) -> dict[str, str]:
     for entry in registry.entries("kernel"):
         _, _, backend = entry.name.partition(":")
         need = entry.meta.get("auto_min_steps")
-        if need is not None and device_type in _auto_on(backend, entry):
+        if need is not None and _auto_picks_on(backend, entry, device_type):
             rules[backend] = (f"auto picks {backend} on {device_type} for runs of >= {int(need)} steps "
                               f"(trainer.train_iters), else the plain backend")
     return rules
@@ -129,7 +135,7 @@ def resolve_op(op: str, requested: str, device_type: str, registry: Registry,
     known = backends(op, registry)
     if requested == AUTO:
         candidates = [(b, e) for b, e in known.items()
-                      if device_type in _auto_on(b, e) and _enough_steps(e, train_steps)
+                      if _auto_picks_on(b, e, device_type) and _enough_steps(e, train_steps)
                       and is_available(e)]
         if candidates:
             backend, entry = max(candidates, key=lambda c: (_priority(*c), c[0]))
