@@ -111,53 +111,52 @@ def _write_source(directory, family, dtype, overrides, mtp_depth=0):
     return src
 
 
-def _round_trip(tmp_path, family, flags, dtype, overrides, mtp_depth=0):
-    src = _write_source(tmp_path, family, dtype, overrides, mtp_depth)
-    loong("convert", "hf-to-loong", "--family", family, str(src), str(tmp_path / "ckpt"), *flags)
-    loong("convert", "loong-to-hf", str(tmp_path / "ckpt"), str(tmp_path / "out"))
-    assert_same_model(src, tmp_path / "out")
-    return src, tmp_path / "out"
+# Every round trip: case -> (family, flags, source dtype, config overrides, MTP depth).
+ROUND_TRIPS = {**{case: (*spec, 0) for case, spec in {**CASES, **SHARDED}.items()},
+               **{case: (family, flags, dtype, overrides, depth)
+                  for case, (family, flags, dtype, depth, overrides) in MTP_CASES.items()}}
+LAYOUT_FLAGS = ("--tp", "--pp", "--ep")
+ONE_RANK = [c for c, spec in ROUND_TRIPS.items() if not set(spec[1]) & set(LAYOUT_FLAGS)]
+MULTI_RANK = [c for c in ROUND_TRIPS if c not in ONE_RANK]
+# The sharded case whose export test_exported_moe_model_loads_in_transformers loads.
+MOE_EXPORT = "qwen3_moe_ep2"
 
 
-ONE_RANK = {**{case: (*spec, 0) for case, spec in CASES.items()},
-            **{case: (family, flags, dtype, overrides, depth)
-               for case, (family, flags, dtype, depth, overrides) in MTP_CASES.items() if not flags}}
+def _convert_in_one_process(request, root, cases):
+    """Round trips of the ``cases`` this session selected, with few process start-ups
+    (``round_trip_driver.py``: ``loong convert``'s CLI in one process for the one-rank cases and
+    every export; one torchrun job per world size for the sharded cases' ranks).
 
-
-@pytest.fixture(scope="module")
-def one_rank_round_trips(tmp_path_factory):
-    """``case -> (source, exported, failure or None)`` of every one-rank case of ``ONE_RANK``,
-    converted by ``loong convert`` run in one process (``round_trip_driver.py``): the same CLI
-    commands, one start-up for all cases instead of two per case."""
-    root = tmp_path_factory.mktemp("one_rank")
+    Returns:
+        ``case -> (source, exported, failure or None)``.
+    """
+    selected = {item.callspec.params.get("case", MOE_EXPORT) if hasattr(item, "callspec") else MOE_EXPORT
+                for item in request.session.items if request.fixturename in getattr(item, "fixturenames", ())}
     jobs, sources = {}, {}
-    for case, (family, flags, dtype, overrides, depth) in ONE_RANK.items():
+    for case in [c for c in cases if c in selected]:
+        family, flags, dtype, overrides, depth = ROUND_TRIPS[case]
         sources[case] = _write_source(root / case, family, dtype, overrides, depth)
         jobs[case] = [str(root / case), ["--family", family, *flags, str(sources[case])]]
     (root / "jobs.json").write_text(json.dumps(jobs))
     driver = Path(__file__).with_name("round_trip_driver.py")
     result = subprocess.run([sys.executable, str(driver), str(root / "jobs.json"), str(root / "results.json")],
-                            capture_output=True, text=True, timeout=1200, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                            capture_output=True, text=True, timeout=1800, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
     failures = json.loads((root / "results.json").read_text())
-    return {case: (sources[case], root / case / "out", failures[case]) for case in ONE_RANK}
+    return {case: (sources[case], root / case / "out", failures[case]) for case in jobs}
 
 
 @pytest.fixture(scope="module")
-def sharded_round_trips(tmp_path_factory):
-    """``case -> (source, exported)`` of the SHARDED round trips, each converted once per module
-    (the transformers check reads the qwen3_moe one)."""
-    done = {}
-
-    def get(case):
-        if case not in done:
-            done[case] = _round_trip(tmp_path_factory.mktemp(case), *SHARDED[case])
-        return done[case]
-
-    return get
+def one_rank_round_trips(request, tmp_path_factory):
+    return _convert_in_one_process(request, tmp_path_factory.mktemp("one_rank"), ONE_RANK)
 
 
-@pytest.mark.parametrize("case", list(ONE_RANK))
+@pytest.fixture(scope="module")
+def sharded_round_trips(request, tmp_path_factory):
+    return _convert_in_one_process(request, tmp_path_factory.mktemp("sharded"), MULTI_RANK)
+
+
+@pytest.mark.parametrize("case", ONE_RANK)
 def test_round_trip_is_bit_exact(one_rank_round_trips, case):
     src, out, failure = one_rank_round_trips[case]
     assert failure is None, failure
@@ -165,16 +164,11 @@ def test_round_trip_is_bit_exact(one_rank_round_trips, case):
 
 
 @pytest.mark.multirank
-@pytest.mark.parametrize("case", [c for c in MTP_CASES if MTP_CASES[c][1]])
-def test_round_trip_with_mtp_layers_through_sharded_checkpoint_is_bit_exact(tmp_path, case):
-    family, flags, dtype, depth, overrides = MTP_CASES[case]
-    _round_trip(tmp_path, family, flags, dtype, overrides, mtp_depth=depth)
-
-
-@pytest.mark.multirank
-@pytest.mark.parametrize("case", list(SHARDED))
+@pytest.mark.parametrize("case", MULTI_RANK)
 def test_round_trip_through_sharded_checkpoint_is_bit_exact(sharded_round_trips, case):
-    sharded_round_trips(case)
+    src, out, failure = sharded_round_trips[case]
+    assert failure is None, failure
+    assert_same_model(src, out)
 
 
 @pytest.mark.multirank
@@ -183,7 +177,8 @@ def test_exported_moe_model_loads_in_transformers(sharded_round_trips):
     import transformers as tf
 
     # the fp32 qwen3_moe source (seed 3) exported from its EP2 checkpoint, bit-exact to the source
-    src, out = sharded_round_trips("qwen3_moe_ep2")
+    src, out, failure = sharded_round_trips[MOE_EXPORT]
+    assert failure is None, failure
     tokens = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         expected = tf.AutoModelForCausalLM.from_pretrained(src).eval()(tokens).logits
