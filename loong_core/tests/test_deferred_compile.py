@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from loong_core.cli import main as cli
+from loong_core.engines.megatron import deferred_compile
 from loong_core.engines.megatron.deferred_compile import _compile_on_first_call, compile_deferred
 
 
@@ -30,6 +31,32 @@ def test_a_deferred_function_is_compiled_once_on_its_first_call():
     assert compiled == [{}]
     decorated = _compile_on_first_call(fake_compile, dynamic=True)(double)  # @torch.compile(...)
     assert decorated(1) == ("compiled", 2) and compiled == [{}, {"dynamic": True}]
+
+
+def test_with_helpers_off_a_deferred_function_runs_plain_until_they_are_on_again():
+    compiled = []
+
+    def fake_compile(fn, **options):
+        compiled.append(options)
+        return lambda *args: ("compiled", fn(*args))
+
+    wrapped = _compile_on_first_call(fake_compile, lambda x: 2 * x)
+    try:
+        deferred_compile.compile_helpers(False)
+        assert wrapped(3) == 6 and compiled == []
+        deferred_compile.compile_helpers(True)
+        assert wrapped(3) == ("compiled", 6) and compiled == [{}]
+        deferred_compile.compile_helpers(False)  # compiled once: stays compiled
+        assert wrapped(4) == ("compiled", 8) and compiled == [{}]
+    finally:
+        deferred_compile.compile_helpers(True)
+
+
+def test_helpers_compile_off_a_cpu_or_when_the_runs_kernels_compile():
+    rule = deferred_compile.compile_helpers_for_run
+    assert not rule("cpu", {"rms_norm": "analytic", "swiglu": "torch", "attention": "sdpa"})
+    assert rule("cpu", {"rms_norm": "analytic", "swiglu": "compile"})  # a long run, or kernels=compile
+    assert rule("mps", {"rms_norm": "torch"})
 
 
 def test_torch_compile_is_restored_after_the_block():
@@ -57,6 +84,24 @@ print(deferred, torch.compile.__module__, geglu.__wrapped__.__name__)
                          timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["True", "torch", "geglu"]
+
+
+def test_a_cpu_run_that_compiles_no_kernel_never_loads_inductor_for_megatron_cores_helpers():
+    script = """
+import sys, warnings
+warnings.simplefilter("ignore")
+from loong_core.engines.megatron import deferred_compile
+deferred_compile.import_megatron_core()
+import torch
+from megatron.core.fusions.fused_bias_geglu import geglu
+deferred_compile.compile_helpers(False)
+y = torch.randn(4, 6)
+ok = torch.equal(geglu(y), geglu.__wrapped__(y))  # the plain function's result
+print(ok, "torch._inductor" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["True", "False"]
 
 
 def test_a_command_that_asks_for_it_exits_at_once_after_success(monkeypatch, capsys):

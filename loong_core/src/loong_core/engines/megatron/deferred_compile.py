@@ -10,6 +10,12 @@ more at interpreter exit. Every loong process imports megatron-core through
 first time the helper runs, so a helper that does run behaves as before. Inside a region dynamo is
 tracing (``kernels=compile``) the wrapper calls the plain function, which dynamo traces as it
 would trace the body of a nested ``torch.compile``.
+
+On a CPU the helpers run as plain torch unless the run compiles its kernels
+(:func:`compile_helpers_for_run`): compiling them on the first call imports inductor and builds
+C++ code, 4-7 s at the first step of every MoE rank (megatron-core's router decorates
+``TopKRouter._apply_expert_bias``), which a short CPU run never recovers. The rule is the
+kernel seam's: ``kernels=auto`` compiles on a CPU only for runs long enough to repay it.
 """
 
 from __future__ import annotations
@@ -21,9 +27,25 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+_compile = {"helpers": True}  # megatron-core's own behaviour until a run decides
+
+
+def compile_helpers(enabled: bool) -> None:
+    """Whether the deferred helpers compile on their first call (``True``, megatron-core's
+    behaviour) or run as the plain functions (``False``) in this process from now on; a helper
+    already compiled stays compiled."""
+    _compile["helpers"] = enabled
+
+
+def compile_helpers_for_run(device_type: str, backends: dict[str, str]) -> bool:
+    """The rule: compile megatron-core's helpers unless the run is on a CPU and none of its
+    kernel ops (``op -> resolved backend``) compiles."""
+    return device_type != "cpu" or "compile" in backends.values()
+
 
 def _compile_on_first_call(compile_fn: Callable, fn: Callable | None = None, **options):
-    """What ``torch.compile(fn, **options)`` returns, compiled when first called."""
+    """What ``torch.compile(fn, **options)`` returns, compiled when first called (or ``fn``
+    itself while :func:`compile_helpers` is off)."""
     if fn is None:  # used as ``@torch.compile(**options)``
         return lambda f: _compile_on_first_call(compile_fn, f, **options)
     compiled: list[Callable] = []
@@ -31,6 +53,8 @@ def _compile_on_first_call(compile_fn: Callable, fn: Callable | None = None, **o
     @functools.wraps(fn)
     def call(*args, **kwargs):
         if torch.compiler.is_compiling():  # dynamo is tracing the caller: it traces fn itself
+            return fn(*args, **kwargs)
+        if not compiled and not _compile["helpers"]:
             return fn(*args, **kwargs)
         if not compiled:
             compiled.append(compile_fn(fn, **options))

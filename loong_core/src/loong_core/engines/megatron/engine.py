@@ -7,10 +7,12 @@ import math
 
 import torch
 
+from loong_core import kernels
 from loong_core.engines.base import Engine, ParallelLayout, StepResult
 from loong_core.engines.megatron import (
     checkpointing,
     context_parallel,
+    deferred_compile,
     optim,
     parallel,
     precision,
@@ -42,6 +44,8 @@ class MegatronEngine(Engine):
             sequence_chunks.check_provider(self.provider, self.config.model.name)
             self.provider.sequence_chunks = self.config.parallel.sequence_chunks
         import_megatron_core()  # the CPU backend did already; on an accelerator this is the first
+        deferred_compile.compile_helpers(deferred_compile.compile_helpers_for_run(
+            self.device.device_type, kernels.resolved()))
         self.layout = parallel.initialize(self.config.parallel, self.config.trainer.seed)
         return self.layout
 
