@@ -117,16 +117,16 @@ def test_each_node_builds_the_sample_index_in_its_own_cache(runs):
 
 def test_a_relaunch_with_resume_auto_continues_bit_exact(runs):
     """The relaunch asks for 1000 steps, where ``kernels=auto`` would compile on CPU: it keeps the
-    torch kernels its checkpoint was trained with (docs/kernels.md), so the losses are bitwise equal."""
+    kernels its checkpoint was trained with (docs/kernels.md), so the losses are bitwise equal."""
     ref, again = losses(runs["ref"]), losses(runs["again"])
     assert min(again) == 3  # resumed from the checkpoint at step 2
     assert {s: again[s] for s in (3, 4)} == {s: ref[s] for s in (3, 4)}
     from loong_core.kernels.resolve import is_available
     from loong_core.plugins import get_plugin_system
 
-    if is_available(get_plugin_system().registry().get("kernel", "rms_norm:compile")):  # else auto is torch
+    if is_available(get_plugin_system().registry().get("kernel", "rms_norm:compile")):  # else auto is analytic
         logs = runs["again_logs"]
-        assert any("rms_norm=torch instead of compile" in log for log in logs), logs[0][-3000:]
+        assert any("rms_norm=analytic instead of compile" in log for log in logs), logs[0][-3000:]
 
 
 def test_killing_one_node_ends_the_other_naming_the_lost_node(runs):
