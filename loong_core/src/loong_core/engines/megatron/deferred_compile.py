@@ -54,9 +54,9 @@ def _compile_on_first_call(compile_fn: Callable, fn: Callable | None = None, **o
     def call(*args, **kwargs):
         if torch.compiler.is_compiling():  # dynamo is tracing the caller: it traces fn itself
             return fn(*args, **kwargs)
-        if not compiled and not _compile["helpers"]:
-            return fn(*args, **kwargs)
         if not compiled:
+            if not _compile["helpers"]:
+                return fn(*args, **kwargs)
             compiled.append(compile_fn(fn, **options))
         return compiled[0](*args, **kwargs)
 
