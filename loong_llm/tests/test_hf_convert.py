@@ -130,8 +130,8 @@ def _convert_in_one_process(request, root, cases):
     Returns:
         ``case -> (source, exported, failure or None)``.
     """
-    selected = {item.callspec.params.get("case", MOE_EXPORT) if hasattr(item, "callspec") else MOE_EXPORT
-                for item in request.session.items if request.fixturename in getattr(item, "fixturenames", ())}
+    users = [item for item in request.session.items if request.fixturename in getattr(item, "fixturenames", ())]
+    selected = {getattr(item, "callspec", None) and item.callspec.params.get("case") or MOE_EXPORT for item in users}
     jobs, sources = {}, {}
     for case in [c for c in cases if c in selected]:
         family, flags, dtype, overrides, depth = ROUND_TRIPS[case]
