@@ -43,7 +43,7 @@ import peers_harness
 MODALITIES = {"dense": "peers_dense", "moe": "peers_moe", "dit": "peers_dit", "vlm": "peers_vlm",
               "vla": "embodied_peers"}
 DEFAULT_ARMS = {"dense": "loong,loong_auto,transformers",
-                "moe": "loong,loong_sequential,loong_auto,loong_ep2,transformers,transformers_eager",
+                "moe": "loong,loong_sequential,loong_auto,loong_ep2,loong_dense_active,transformers,transformers_eager",
                 "dit": "loong,loong_auto,diffusers",
                 "vlm": "loong,transformers"}
 # Where the CPU has a bf16 matrix unit (loong's auto precision is bf16 there), each side's bf16 run too.

@@ -8,6 +8,11 @@
 * ``loong_bf16``: ``loong`` in bf16 mixed precision (``parallel.mixed_precision=bf16``);
 * ``loong_sequential``: ``loong`` with ``model.moe_grouped_gemm=false``: megatron-core's
   ``SequentialMLP`` (one megatron ``MLP`` module per expert) instead of loong's grouped experts;
+* ``loong_dense_active``: not a peer but the MoE's lower bound: ``loong train`` of a *dense*
+  Qwen3 with the same active compute per token (one SwiGLU of width top-k x expert width in every
+  layer, everything else equal: attention, norms, vocabulary, data, optimizer), so its step is
+  what the MoE step would cost with no routing, no permutation and one large GEMM instead of one
+  per expert. loong's speed-up over this arm (below 1) is how close the MoE runs to a dense model;
 * ``transformers``: ``Qwen3MoeForCausalLM`` with its default experts implementation
   (``grouped_mm``: tokens sorted by expert, one grouped GEMM per projection), SDPA attention,
   torch's fused AdamW, clipping, the load-balancing loss (``output_router_logits=True``);
@@ -46,6 +51,9 @@ ARMS = {
                   f"fp32 main parameters, gradient reduction and optimizer state), {_THREADS} threads",
     "loong_ep2": f"`loong train` megatron engine, EP2 on 2 ranks x 1 thread (DP2: half the batch per rank), "
                  f"kernels=torch, AdamW fused, fp32, aux loss {AUX}",
+    "loong_dense_active": f"not a peer: the MoE's lower bound, `loong train` of a dense Qwen3 whose SwiGLU is "
+                          f"top-k x expert width wide (the MoE's active compute per token), kernels=torch, "
+                          f"AdamW fused, fp32, {_THREADS} threads (no router, no aux loss)",
     "transformers": f"Qwen3MoeForCausalLM, experts_implementation=grouped_mm (its default), sdpa, {_COMMON}",
     "transformers_bf16": "the same in bf16 autocast (Trainer(bf16=True) on a CPU: fp32 weights, gradients and "
                          "Adam state)",
@@ -69,21 +77,27 @@ def run(arm: str, shape: dict, steps: int) -> list[float]:
         return _loong(shape, steps, ranks=2 if arm == "loong_ep2" else 1,
                       kernels="auto" if arm == "loong_auto" else "torch",
                       precision="bf16" if arm == "loong_bf16" else "fp32",
-                      extra=["model.moe_grouped_gemm=false"] if arm == "loong_sequential" else [])
+                      extra=["model.moe_grouped_gemm=false"] if arm == "loong_sequential" else [],
+                      dense=arm == "loong_dense_active")
     return _transformers(shape, steps, "eager" if arm == "transformers_eager" else "grouped_mm",
                          "bf16" if arm == "transformers_bf16" else "fp32")
 
 
-def _loong(shape: dict, steps: int, ranks: int, kernels: str, precision: str, extra: list[str]) -> list[float]:
+def _loong(shape: dict, steps: int, ranks: int, kernels: str, precision: str, extra: list[str],
+           dense: bool = False) -> list[float]:
     from loong_core.testing import read_metrics, run_train
 
+    if dense:  # the same active compute per token, without experts (``loong_dense_active``)
+        model = ["model=qwen3_debug", f"model.ffn_hidden_size={shape['topk'] * shape['expert_ffn']}"]
+    else:
+        model = [f"model.ffn_hidden_size={shape['expert_ffn']}", f"model.num_experts={shape['experts']}",
+                 f"model.moe_router_topk={shape['topk']}", f"model.moe_ffn_hidden_size={shape['expert_ffn']}",
+                 f"model.moe_aux_loss_coeff={AUX}"]
     with tempfile.TemporaryDirectory() as run_dir:
-        run_train(["experiment=qwen3_moe_debug", f"model.hidden_size={shape['hidden']}",
+        run_train(["experiment=qwen3_moe_debug", *model, f"model.hidden_size={shape['hidden']}",
                    f"model.num_layers={shape['layers']}", f"model.num_attention_heads={shape['heads']}",
                    f"model.num_query_groups={shape['groups']}", f"model.kv_channels={shape['head_dim']}",
-                   f"model.ffn_hidden_size={shape['expert_ffn']}", f"model.num_experts={shape['experts']}",
-                   f"model.moe_router_topk={shape['topk']}", f"model.moe_ffn_hidden_size={shape['expert_ffn']}",
-                   f"model.moe_aux_loss_coeff={AUX}", "model.untie_embeddings_and_output_weights=true",
+                   "model.untie_embeddings_and_output_weights=true",
                    f"data.vocab_size={shape['vocab']}", f"data.seq_length={shape['seq']}",
                    f"trainer.micro_batch_size={shape['batch'] // ranks}",
                    f"trainer.global_batch_size={shape['batch']}", f"trainer.train_iters={steps}",

@@ -101,6 +101,8 @@ def test_unpacked_samples_hold_one_conversation(tokenizer, chat_jsonl, tmp_path)
 def test_chat_config_errors():
     with pytest.raises(ConfigError, match="Unknown chat corpus 'chaterbot'.*Did you mean 'chatterbot'"):
         ChatDataConfig(name="chat", corpus="chaterbot")
+    with pytest.raises(ConfigError, match="Unknown data.pack_algorithm 'best-fit'.*Did you mean 'best_fit'.*next_fit"):
+        ChatDataConfig(name="chat", pack_algorithm="best-fit")
 
 
 def test_chatterbot_corpus_becomes_user_assistant_conversations():

@@ -8,7 +8,7 @@ import torch
 
 from loong_core.kernels.segment_mask import segment_mask
 from loong_core.testing import megatron_single_rank
-from loong_llm.data.packing import block_causal_mask, pack_next_fit, packed_sample
+from loong_llm.data.packing import block_causal_mask, pack, pack_best_fit, pack_next_fit, packed_sample
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +36,33 @@ def test_next_fit_keeps_order_and_capacity():
     assert bins == [[0, 1], [2], [3], [4, 5]]
     with pytest.raises(ValueError, match="item 1 needs 9"):
         pack_next_fit([1, 9], capacity=8)
+
+
+def test_best_fit_places_largest_first_into_the_fullest_bin_with_room():
+    # Largest first: 8 alone, then 5 opens a bin, 4 opens one (5 + 4 > 8), 3 joins the 5 (full),
+    # 2 joins the 4 (fullest with room), 1 joins the 4 + 2 (the only bin with room).
+    bins = pack_best_fit([3, 5, 1, 8, 4, 2], capacity=8)
+    assert sorted(bins) == [[0, 1], [2, 4, 5], [3]]
+    assert bins == [[0, 1], [2, 4, 5], [3]]  # each bin in input order, bins by their first item
+    assert pack_next_fit([3, 5, 1, 8, 4, 2], capacity=8) == [[0, 1], [2], [3], [4, 5]]
+    with pytest.raises(ValueError, match="item 1 needs 9"):
+        pack_best_fit([1, 9], capacity=8)
+    with pytest.raises(ValueError, match="best_fit or next_fit"):
+        pack([1], 8, "first_fit")
+
+
+def test_best_fit_packs_every_item_once_within_capacity_and_fills_more_than_next_fit():
+    rng = np.random.default_rng(0)
+    sizes = rng.integers(1, 700, 5000).tolist()
+    for window in (1024, 64):
+        bins = pack_best_fit(sizes, capacity=1024, window=window)
+        assert sorted(i for b in bins for i in b) == list(range(len(sizes)))
+        assert max(sum(sizes[i] for i in b) for b in bins) <= 1024
+        # windows never mix: every bin's items lie in one window
+        assert all(b[0] // window == b[-1] // window for b in bins)
+    best = len(pack_best_fit(sizes, 1024))
+    lower_bound = -(-sum(sizes) // 1024)
+    assert best <= 1.02 * lower_bound < 0.9 * len(pack_next_fit(sizes, 1024))
 
 
 def test_block_causal_mask_never_crosses_documents():

@@ -11,7 +11,7 @@ import torch
 from loong_core.errors import ConfigError
 from loong_core.kernels.segment_mask import with_attention_mask
 from loong_vlm.data.config import LlavaConfig
-from loong_vlm.data.llava import LlavaDataModule
+from loong_vlm.data.llava import LlavaDataModule, LlavaSplit
 
 pytest.importorskip("PIL")
 
@@ -81,6 +81,21 @@ def test_packed_logits_equal_each_record_alone(demo, mcore_single_rank):
     print(f"packed vs alone: max abs diff {worst:.2e} (without the block mask: {leak:.2e})")
     assert worst < 1e-5
     assert leak > 1e-3  # the block mask is what keeps the records apart
+
+
+def test_both_packing_algorithms_place_every_record_once_per_epoch(demo):
+    records = len(demo.records["train"])
+    layouts = {name: dataclasses.replace(demo.layout, pack_algorithm=name) for name in ("best_fit", "next_fit")}
+    bins = {}
+    for name, layout in layouts.items():
+        split = LlavaSplit(layout, demo.records["train"], 1, seed=0, split="train")
+        assert sorted(i for sample in split.samples for i in sample) == list(range(records))  # one epoch
+        assert all(sum(layout.positions(demo.records["train"][i]) for i in s) <= layout.seq_length
+                   for s in split.samples)
+        bins[name] = len(split.samples)
+    assert bins["best_fit"] <= bins["next_fit"]
+    with pytest.raises(ConfigError, match="Unknown data.pack_algorithm 'knapsack'"):
+        LlavaConfig(name="llava", pack_algorithm="knapsack")
 
 
 def test_patch_geometry_must_match_the_encoder(demo):

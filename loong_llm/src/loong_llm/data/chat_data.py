@@ -67,16 +67,17 @@ class ChatSFTDataset:
         seq_length: Positions per sample.
         pad_id: Token id at padded positions.
         pack: Pack conversations (with a block-diagonal attention mask) or one per sample.
+        pack_algorithm: ``best_fit`` or ``next_fit`` (:func:`loong_llm.data.packing.pack`).
         num_samples: At least this many samples (whole epochs).
         seed: Base seed of the per-epoch shuffles.
         split: ``train`` or ``valid`` (part of the shuffle seed).
     """
 
     def __init__(self, prefix: str, seq_length: int, pad_id: int, pack: bool, num_samples: int,
-                 seed: int, split: str):
+                 seed: int, split: str, pack_algorithm: str = "best_fit"):
         from megatron.core.datasets.indexed_dataset import IndexedDataset
 
-        from loong_llm.data.packing import pack_next_fit
+        from loong_llm.data.packing import pack as pack_items
 
         self.ids = IndexedDataset(prefix)
         self.loss = IndexedDataset(f"{prefix}_loss")
@@ -91,7 +92,7 @@ class ChatSFTDataset:
             rng = np.random.default_rng([seed % 2**63, SPLITS.index(split), epoch])
             order = usable[rng.permutation(usable.size)]
             if pack:
-                bins = pack_next_fit(sizes[order].tolist(), seq_length)
+                bins = pack_items(sizes[order].tolist(), seq_length, pack_algorithm)
                 self.samples.extend([int(order[j]) for j in b] for b in bins)
             else:
                 self.samples.extend([int(d)] for d in order)
@@ -218,7 +219,7 @@ class ChatDataModule:
         tok = self.tokenizer
         pad = tok.pad if tok.pad >= 0 else tok.eod
         out = [ChatSFTDataset(str(self.data_dir / split), self.config.seq_length, pad, self.config.pack,
-                              n, seed, split)
+                              n, seed, split, self.config.pack_algorithm)
                for split, n in zip(SPLITS, (num_train_samples, num_valid_samples))]
         return out[0], out[1]
 

@@ -16,6 +16,18 @@ MIN_VOCAB_SIZE = 258
 MAX_VOCAB_SIZE = 2 ** 31 - 1
 
 
+#: ``data.pack_algorithm`` values (:func:`loong_llm.data.packing.pack`).
+PACK_ALGORITHMS = ("best_fit", "next_fit")
+
+
+def check_pack_algorithm(value: str) -> None:
+    """Raise a ConfigError naming ``data.pack_algorithm`` unless ``value`` is one of
+    :data:`PACK_ALGORITHMS`."""
+    if value not in PACK_ALGORITHMS:
+        raise ConfigError(f"Unknown data.pack_algorithm '{value}'.{did_you_mean(value, PACK_ALGORITHMS)} "
+                          f"Choose one of: {', '.join(PACK_ALGORITHMS)}.")
+
+
 @dataclass
 class TextDataConfig(DataConfig):
     """A text corpus tokenized with a byte-level BPE into megatron-core indexed datasets.
@@ -116,6 +128,10 @@ class ChatDataConfig(DataConfig):
         valid_fraction: Fraction of conversations held out for validation.
         pack: Pack several conversations into each sequence (attention and positions restart at
             each conversation); False gives one conversation per sequence, padded.
+        pack_algorithm: How conversations are grouped into sequences: ``best_fit`` (best-fit
+            decreasing over windows of 1,024 shuffled conversations: fewest padded positions)
+            or ``next_fit`` (in the shuffled order, a new sequence whenever the next one does
+            not fit).
     """
 
     corpus: str = "chatterbot"
@@ -125,9 +141,12 @@ class ChatDataConfig(DataConfig):
     vocab_size: int = 2048
     valid_fraction: float = 0.05
     pack: bool = True
+    pack_algorithm: str = "best_fit"
 
     def __post_init__(self) -> None:
         from loong_llm.data.chat import CHAT_CORPORA
+
+        check_pack_algorithm(self.pack_algorithm)
 
         if self.path is None and self.corpus not in CHAT_CORPORA:
             choices = sorted(CHAT_CORPORA)

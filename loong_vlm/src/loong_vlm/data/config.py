@@ -7,6 +7,7 @@ from typing import Optional
 
 from loong_core.config.schema import DataConfig, registered
 from loong_core.errors import ConfigError
+from loong_llm.data.config import check_pack_algorithm
 
 
 @dataclass
@@ -73,6 +74,10 @@ class LlavaConfig(DataConfig):
         valid_fraction: Fraction of the records held out when ``valid_path`` is None.
         pack: Pack several records into each sequence (block-diagonal attention, positions
             restarting per record); False gives one record per sequence, padded.
+        pack_algorithm: How records are grouped into sequences: ``best_fit`` (best-fit
+            decreasing over windows of 1,024 shuffled records: fewest padded positions) or
+            ``next_fit`` (in the shuffled order, a new sequence whenever the next record does
+            not fit).
         skip_too_long: Drop records longer than ``seq_length`` (logged) instead of failing.
         patch_size: Side of a vision patch (must equal the encoder's).
         temporal_patch_size: Frames per patch (must equal the encoder's).
@@ -119,6 +124,7 @@ class LlavaConfig(DataConfig):
     vocab_size: int = 1024
     valid_fraction: float = 0.05
     pack: bool = True
+    pack_algorithm: str = "best_fit"
     skip_too_long: bool = False
     patch_size: int = 14
     temporal_patch_size: int = 2
@@ -142,6 +148,7 @@ class LlavaConfig(DataConfig):
     balancer: str = registered("balancer", default="kk_swap")
 
     def __post_init__(self):
+        check_pack_algorithm(self.pack_algorithm)
         for key in ("patch_size", "temporal_patch_size", "merge_size", "video_max_frames", "min_pixels",
                     "video_min_pixels"):
             if getattr(self, key) < 1:

@@ -92,7 +92,7 @@ class LlavaSplit:
     """
 
     def __init__(self, layout: SampleLayout, records: list[EncodedRecord], num_samples: int, seed: int, split: str):
-        from loong_llm.data.packing import pack_next_fit
+        from loong_llm.data.packing import pack
 
         self.layout, self.records = layout, records
         sizes = [layout.positions(r) for r in records]
@@ -101,7 +101,7 @@ class LlavaSplit:
         while epoch == 0 or len(self.samples) < num_samples:
             order = np.random.default_rng([seed % 2**63, SPLITS.index(split), epoch]).permutation(len(records))
             if layout.pack:
-                bins = pack_next_fit([sizes[j] for j in order], layout.seq_length)
+                bins = pack([sizes[j] for j in order], layout.seq_length, layout.pack_algorithm)
                 self.samples.extend([int(order[j]) for j in b] for b in bins)
             else:
                 self.samples.extend([int(j)] for j in order)
@@ -220,7 +220,7 @@ class LlavaDataModule:
         pad = self.tokenizer.pad if self.tokenizer.pad >= 0 else self.tokenizer.eod
         self.layout = SampleLayout(cfg.seq_length, pad, cfg.pack, ids[IMAGE_PAD], ids[VIDEO_PAD], self.processor,
                                    cfg.mrope, cfg.tokens_per_second, cfg.video_layout, ids[VISION_START],
-                                   ids[VISION_END])
+                                   ids[VISION_END], cfg.pack_algorithm)
         for split in SPLITS:
             with open(d / f"{split}.jsonl", encoding="utf-8") as f:
                 rows = [json.loads(line) for line in f]

@@ -73,6 +73,7 @@ class SampleLayout:
             ``<|vision_start|>`` + run + ``<|vision_end|>`` per temporal patch, Qwen3-VL positions).
         vision_start_id: Id of ``<|vision_start|>`` (written per temporal patch / clip by the per-frame layouts).
         vision_end_id: Id of ``<|vision_end|>`` (likewise).
+        pack_algorithm: How ``pack`` groups records (:func:`loong_llm.data.packing.pack`).
     """
 
     seq_length: int
@@ -86,6 +87,7 @@ class SampleLayout:
     video_layout: str = "qwen2_5"
     vision_start_id: int = -1
     vision_end_id: int = -1
+    pack_algorithm: str = "best_fit"
 
     @property
     def per_frame(self) -> bool:
