@@ -65,6 +65,26 @@ def test_best_fit_packs_every_item_once_within_capacity_and_fills_more_than_next
     assert best <= 1.02 * lower_bound < 0.9 * len(pack_next_fit(sizes, 1024))
 
 
+def test_best_fit_bins_come_in_a_random_order_when_given_a_generator():
+    # Ordered by their first item, bins of many small items come first (they are more likely
+    # to hold an early item); a generator draws the order instead, and keeps each window's bins.
+    sizes = np.random.default_rng(0).integers(36, 311, 160).tolist()
+    early, overall, drawn = [], [], []
+    for epoch in range(300):
+        order = np.random.default_rng(epoch).permutation(len(sizes))
+        shuffled = [sizes[j] for j in order]
+        by_first = pack_best_fit(shuffled, 1024)
+        early.append(np.mean([len(b) for b in by_first[:3]]))
+        overall.append(np.mean([len(b) for b in by_first]))
+        rng = np.random.default_rng([1, epoch])
+        bins = pack(shuffled, 1024, "best_fit", rng)
+        assert sorted(map(tuple, bins)) == sorted(map(tuple, by_first))  # the same bins, reordered
+        drawn.append(np.mean([len(b) for b in bins[:3]]))
+    assert np.mean(early) > np.mean(overall) + 0.8
+    assert abs(np.mean(drawn) - np.mean(overall)) < 0.25
+    assert pack([3, 5, 1], 8, "next_fit", np.random.default_rng(0)) == pack_next_fit([3, 5, 1], 8)
+
+
 def test_block_causal_mask_never_crosses_documents():
     mask = block_causal_mask([2, 3], seq_length=6)[0]  # True = masked
     allowed = (~mask).int().tolist()

@@ -92,7 +92,7 @@ class ChatSFTDataset:
             rng = np.random.default_rng([seed % 2**63, SPLITS.index(split), epoch])
             order = usable[rng.permutation(usable.size)]
             if pack:
-                bins = pack_items(sizes[order].tolist(), seq_length, pack_algorithm)
+                bins = pack_items(sizes[order].tolist(), seq_length, pack_algorithm, rng)
                 self.samples.extend([int(order[j]) for j in b] for b in bins)
             else:
                 self.samples.extend([int(d)] for d in order)

@@ -21,7 +21,8 @@ from loong_core.kernels.segment_mask import dense_mask, document_segment_ids
 BEST_FIT_WINDOW = 1024
 
 
-def pack(sizes: Sequence[int], capacity: int, algorithm: str = "best_fit") -> list[list[int]]:
+def pack(sizes: Sequence[int], capacity: int, algorithm: str = "best_fit",
+         rng: np.random.Generator | None = None) -> list[list[int]]:
     """Group items into bins of at most ``capacity`` positions with ``algorithm``
     (:func:`pack_best_fit` or :func:`pack_next_fit`).
 
@@ -29,12 +30,13 @@ def pack(sizes: Sequence[int], capacity: int, algorithm: str = "best_fit") -> li
         sizes: Positions each item needs, each in ``[1, capacity]``.
         capacity: Positions per sequence.
         algorithm: ``best_fit`` or ``next_fit`` (``data.pack_algorithm``).
+        rng: Orders ``best_fit``'s bins (see there); ``next_fit`` keeps the input order.
 
     Returns:
         Item indices per bin; every item is in exactly one bin.
     """
     if algorithm == "best_fit":
-        return pack_best_fit(sizes, capacity)
+        return pack_best_fit(sizes, capacity, rng=rng)
     if algorithm == "next_fit":
         return pack_next_fit(sizes, capacity)
     raise ValueError(f"unknown packing algorithm {algorithm!r}; choose best_fit or next_fit")
@@ -46,7 +48,8 @@ def _check_sizes(sizes: Sequence[int], capacity: int) -> None:
             raise ValueError(f"item {i} needs {size} positions; each must be in [1, {capacity}]")
 
 
-def pack_best_fit(sizes: Sequence[int], capacity: int, window: int = BEST_FIT_WINDOW) -> list[list[int]]:
+def pack_best_fit(sizes: Sequence[int], capacity: int, window: int = BEST_FIT_WINDOW,
+                  rng: np.random.Generator | None = None) -> list[list[int]]:
     """Best-fit decreasing over consecutive windows of ``window`` items.
 
     Inside a window the items are placed largest first (ties in input order), each into the open
@@ -60,10 +63,12 @@ def pack_best_fit(sizes: Sequence[int], capacity: int, window: int = BEST_FIT_WI
         sizes: Positions each item needs, each in ``[1, capacity]``.
         capacity: Positions per sequence.
         window: Items packed together.
+        rng: Draws the order of each window's bins. Without one they come in the order of their
+            first item, which is not random even for a shuffled input: a bin of many small
+            items is more likely to hold an early one, so such bins would come first.
 
     Returns:
-        Item indices per bin, each bin in input order; the bins ordered by their first item, so
-        a shuffled input gives shuffled bins (not largest first).
+        Item indices per bin, each bin in input order.
     """
     _check_sizes(sizes, capacity)
     bins: list[list[int]] = []
@@ -80,7 +85,11 @@ def pack_best_fit(sizes: Sequence[int], capacity: int, window: int = BEST_FIT_WI
                 window_bins.append([])
             window_bins[b].append(i)
             bisect.insort(room, (free - sizes[i], b))
-        bins.extend(sorted((sorted(b) for b in window_bins), key=lambda b: b[0]))
+        window_bins = [sorted(b) for b in window_bins]
+        if rng is None:
+            bins.extend(sorted(window_bins, key=lambda b: b[0]))
+        else:
+            bins.extend(window_bins[j] for j in rng.permutation(len(window_bins)))
     return bins
 
 

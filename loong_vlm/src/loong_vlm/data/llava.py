@@ -99,9 +99,10 @@ class LlavaSplit:
         self.samples: list[list[int]] = []
         epoch = 0
         while epoch == 0 or len(self.samples) < num_samples:
-            order = np.random.default_rng([seed % 2**63, SPLITS.index(split), epoch]).permutation(len(records))
+            rng = np.random.default_rng([seed % 2**63, SPLITS.index(split), epoch])
+            order = rng.permutation(len(records))
             if layout.pack:
-                bins = pack([sizes[j] for j in order], layout.seq_length, layout.pack_algorithm)
+                bins = pack([sizes[j] for j in order], layout.seq_length, layout.pack_algorithm, rng)
                 self.samples.extend([int(order[j]) for j in b] for b in bins)
             else:
                 self.samples.extend([int(j)] for j in order)
