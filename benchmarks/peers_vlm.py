@@ -23,6 +23,9 @@ loong's ``i``-th packed sample (:func:`_steps_records`, from loong's own packing
 which its loader walks in order), so the step times compare the same images and texts. (Before
 2026-12-06 16:00 UTC the transformers arm took ``batch`` records in file order, so the arms'
 medians came from different records: images of 56..448 px make a step's cost vary by 2x.)
+loong packs by best fit (``data.pack_algorithm=best_fit``), which groups records of similar
+sizes: the transformers batches then carry about 9% padding instead of 73%, as transformers'
+``group_by_length`` would give them.
 """
 
 from __future__ import annotations
