@@ -55,9 +55,9 @@ def pack_best_fit(sizes: Sequence[int], capacity: int, window: int = BEST_FIT_WI
     Inside a window the items are placed largest first (ties in input order), each into the open
     bin it fills most, or a new bin when none has room. Few positions stay empty: 3.6% on the
     VLM benchmark's LLaVA records against next fit's 9.4% (``benchmarks/packing_fill.py``,
-    docs/vlm_data.md). Items of one
-    window never share a bin with another window's, so a shuffled input still gives different
-    bins every epoch, and the work stays ``O(n window)`` however long the epoch.
+    docs/vlm_data.md). Items of one window never share a bin with another window's, so a
+    shuffled input still gives different bins every epoch, and the work stays ``O(n window)``
+    however long the epoch. Largest first also puts items of similar sizes together.
 
     Args:
         sizes: Positions each item needs, each in ``[1, capacity]``.
