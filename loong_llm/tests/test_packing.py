@@ -47,7 +47,7 @@ def test_best_fit_places_largest_first_into_the_fullest_bin_with_room():
     assert pack_next_fit([3, 5, 1, 8, 4, 2], capacity=8) == [[0, 1], [2], [3], [4, 5]]
     with pytest.raises(ValueError, match="item 1 needs 9"):
         pack_best_fit([1, 9], capacity=8)
-    with pytest.raises(ValueError, match="best_fit or next_fit"):
+    with pytest.raises(ValueError, match="choose one of best_fit, next_fit"):
         pack([1], 8, "first_fit")
 
 

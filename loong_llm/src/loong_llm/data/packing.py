@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from loong_core.kernels.segment_mask import dense_mask, document_segment_ids
+from loong_llm.data.config import PACK_ALGORITHMS
 
 #: Items packed together by ``best_fit`` (consecutive in the shuffled order).
 BEST_FIT_WINDOW = 1024
@@ -39,7 +40,7 @@ def pack(sizes: Sequence[int], capacity: int, algorithm: str = "best_fit",
         return pack_best_fit(sizes, capacity, rng=rng)
     if algorithm == "next_fit":
         return pack_next_fit(sizes, capacity)
-    raise ValueError(f"unknown packing algorithm {algorithm!r}; choose best_fit or next_fit")
+    raise ValueError(f"unknown packing algorithm {algorithm!r}; choose one of {', '.join(PACK_ALGORITHMS)}")
 
 
 def _check_sizes(sizes: Sequence[int], capacity: int) -> None:
